@@ -1,0 +1,66 @@
+// Per-connection state. Kernel-private: userspace only sees http_event records.
+#pragma once
+
+#include "contract.h"
+
+enum gt_conn_kind {
+	GT_CONN_HTTP = 1,     // TCP socket that carries (or may carry) HTTP/1.x
+	GT_CONN_IGNORE = 2,   // not a TCP socket, or not HTTP: one lookup and out
+	GT_CONN_UPGRADED = 3, // after 101 Switching Protocols: no longer HTTP
+};
+
+// Parser phase of one direction of a connection.
+enum gt_phase {
+	GT_PH_IDLE = 0,    // expecting a message start
+	GT_PH_HEADERS = 1, // inside a header block that spans syscalls
+	GT_PH_BODY_CL = 2, // Content-Length body: remaining bytes
+	GT_PH_CHUNKED = 3, // chunked body
+	GT_PH_BODY_EOF = 4,// body ends when the connection does
+	GT_PH_SKIP = 5,    // gated-off or unparseable message: resync at the next start
+};
+
+enum gt_chunk_phase {
+	GT_CH_SIZE = 0, // expecting a chunk-size line
+	GT_CH_DATA = 1, // remaining = data bytes + CRLF
+	GT_CH_LAST = 2, // after the 0-size chunk: remaining = final CRLF
+};
+
+struct gt_dir {
+	__u8 phase;
+	__u8 chunk_phase;
+	__u8 mid_line; // the header scan stopped inside a line
+	__u8 is_req;   // this direction carries requests
+	__u32 hdr_scanned;
+	__s64 cl;        // Content-Length of the message being parsed, -1 when absent
+	__u8 chunked;    // Transfer-Encoding: chunked seen
+	__u8 upgrade;    // Upgrade header seen
+	__u8 _pad[6];
+	__u64 remaining;
+	__u64 body_len;
+	__u64 start_ns;
+};
+
+struct gt_conn_key {
+	__u32 tgid;
+	__s32 fd;
+};
+
+struct gt_conn {
+	__u8 kind; // enum gt_conn_kind
+	__u8 side; // enum gt_side
+	__u8 started; // a message start has been seen
+	__u8 _pad;
+	__u32 cfg_gen;
+	__u64 conn_id;
+	__u64 req_seq;   // requests started
+	__u64 resp_seq;  // final responses started
+	__u64 skip_ring; // bit (i % 64): request i was gated off
+	__u64 head_ring; // bit (i % 64): request i was HEAD (its response has no body)
+	__u64 emitted_ring; // bit (i % 64): request i was emitted
+	struct gt_dir dir[2]; // [0] = bytes read, [1] = bytes written
+	struct gt_tuple tuple;
+	__u16 resp_status;
+	__u16 resp_flags;
+	__u32 _pad2;
+	struct http_event req; // the request being assembled
+};

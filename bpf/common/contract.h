@@ -1,0 +1,158 @@
+// The kernel <-> userspace contract: every struct, enum and constant that a BPF
+// program writes and Go reads. bpf2go turns these into Go types (internal/loader),
+// so nothing here is written twice. Layout rules: fixed sizes, explicit padding,
+// no packed structs, u64 fields 8-aligned; the Go side decodes records in place.
+#pragma once
+
+#include "groups.h"
+
+#define GT_PATH_MAX 128
+#define GT_HOST_MAX 64
+#define GT_TRACEPARENT_LEN 55 // "00-" 32 hex "-" 16 hex "-" 2 hex
+#define GT_ROLLOUT_ID_MAX 48
+#define GT_ROUTE_PATH_MAX 60
+#define GT_MAX_ROLES 8
+
+enum gt_event_kind {
+	GT_EV_REQUEST = 1,  // a complete HTTP request (headers + body) on one connection
+	GT_EV_RESPONSE = 2, // a complete HTTP response
+	GT_EV_CLOSE = 3,    // a connection with an exchange still in flight was closed
+};
+
+// Which end of the TCP connection the traced process is.
+enum gt_side {
+	GT_SIDE_UNKNOWN = 0,
+	GT_SIDE_SERVER = 1, // accepted: the process reads requests and writes responses
+	GT_SIDE_CLIENT = 2, // connected: the process writes requests and reads responses
+};
+
+// Gym's server types. 0 until userspace learns it.
+enum gt_role {
+	GT_ROLE_UNKNOWN = 0,
+	GT_ROLE_AGENT = 1,        // responses_api_agents
+	GT_ROLE_MODEL = 2,        // responses_api_models
+	GT_ROLE_RESOURCES = 3,    // resources_servers
+	GT_ROLE_ORCHESTRATOR = 4, // the collector / head server
+};
+
+enum gt_method {
+	GT_M_UNKNOWN = 0,
+	GT_M_GET = 1,
+	GT_M_POST = 2,
+	GT_M_PUT = 3,
+	GT_M_DELETE = 4,
+	GT_M_PATCH = 5,
+	GT_M_HEAD = 6,
+	GT_M_OPTIONS = 7,
+	GT_M_CONNECT = 8,
+	GT_M_TRACE = 9,
+};
+
+enum gt_event_flag {
+	GT_F_TRACEPARENT = 1 << 0,     // traceparent[] holds the header's value
+	GT_F_PATH_TRUNCATED = 1 << 1,  // the path was longer than GT_PATH_MAX
+	GT_F_END_BY_CLOSE = 1 << 2,    // the body ended when the connection closed
+	GT_F_CHUNKED = 1 << 3,         // Transfer-Encoding: chunked
+	GT_F_UPGRADE = 1 << 4,         // 101 Switching Protocols: the connection stops being HTTP
+	GT_F_RESYNC = 1 << 5,          // first message seen on a connection that predates attach
+	GT_F_CONN_ERROR = 1 << 6,      // the connection failed (reset, read/write error)
+	GT_F_HOST = 1 << 7,            // host[] holds the Host header's value
+	GT_F_ROLLOUT = 1 << 8,         // rollout holds ids read from a /run body
+	GT_F_HDR_TRUNCATED = 1 << 9,   // the header block was larger than the kernel scans
+	GT_F_BODY_UNKNOWN = 1 << 10,   // framing was lost; the message end is approximate
+};
+
+// Statistics slots of the per-CPU counter array gt_stats.
+enum gt_stat {
+	GT_STAT_EMITTED = 0,       // + group bit index: events emitted per group
+	GT_STAT_DISCARDED = 16,    // + group bit index: events dropped by the gate per group
+	GT_STAT_RINGBUF_FULL = 32, // ring-buffer reservations that failed
+	GT_STAT_NOT_HTTP = 33,     // socket messages that were not HTTP/1.x
+	GT_STAT_PARSE_ERROR = 34,  // HTTP framing the kernel could not follow
+	GT_STAT_HDR_TRUNCATED = 35,
+	GT_STAT_CONN_FULL = 36,    // connection table insertions that failed
+	GT_STAT_RESYNC = 37,       // connections picked up mid-stream
+	GT_STAT_SKIPPED_BYTES = 38,// bytes on gated-off messages never copied out
+	GT_STAT_MAX = 48,
+};
+
+struct gt_tuple {
+	__u8 laddr[16]; // local address; IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d)
+	__u8 raddr[16]; // remote address
+	__u16 lport;    // host byte order
+	__u16 rport;
+	__u16 family; // AF_INET or AF_INET6 of the socket
+	__u16 _pad;
+};
+
+// Rollout identity read from a /run request body: only these keys are scanned
+// for, and only their values leave the kernel.
+struct gt_rollout {
+	__s32 task;    // _ng_task_index, -1 when absent
+	__s32 rollout; // _ng_rollout_index
+	__s32 attempt; // _ng_attempt_index
+	__u16 id_len;  // _ng_rollout_id
+	__u16 _pad;
+	__u8 id[GT_ROLLOUT_ID_MAX];
+};
+
+// One record per HTTP message. No body byte and no header value other than
+// traceparent and Host is ever written here.
+struct http_event {
+	__u8 kind;   // enum gt_event_kind
+	__u8 side;   // enum gt_side
+	__u8 method; // enum gt_method (requests)
+	__u8 role;   // enum gt_role at emit time
+	__u16 flags; // enum gt_event_flag
+	__u16 status;
+	__u32 pid; // tgid in the initial PID namespace
+	__u32 tid;
+	__s32 fd;
+	__u16 path_len;
+	__u16 host_len;
+	__u64 conn_id;  // unique per traced connection for this gymtrace instance
+	__u64 seq;      // index of this message on its connection, per direction
+	__u64 start_ns; // bpf_ktime_get_ns() when the first byte crossed the syscall
+	__u64 end_ns;   // ... when the last byte did
+	__u64 groups;   // the exchange's group bits that passed the gate
+	__u64 body_len; // body size in bytes (a size, never content)
+	__u64 py_ctx;   // asyncio Context identity of the syscall, 0 when unknown
+	__u64 py_ctx_prev;
+	struct gt_tuple tuple;
+	__u8 path[GT_PATH_MAX]; // request path without the query string
+	__u8 host[GT_HOST_MAX];
+	__u8 traceparent[56];
+	struct gt_rollout rollout;
+};
+
+// Process targets: one hash entry per traced tgid.
+struct gt_target {
+	__u8 role;  // enum gt_role
+	__u8 flags;
+	__u16 _pad;
+	__u32 _pad2;
+};
+
+// Gate configuration, one element of the gt_config array.
+struct gt_config {
+	__u64 mask; // enabled group bits
+	// Per role: every group an inbound request to a server of that role can
+	// belong to. When (possible & mask) == 0 no byte of the message is read.
+	__u64 server_possible[GT_MAX_ROLES];
+	__u64 client_possible; // groups of an outbound request (http_client)
+	__u32 flags;           // enum gt_config_flag
+	__u32 generation;      // bumped on every change; connections resynchronise
+};
+
+enum gt_config_flag {
+	GT_CFG_ROLLOUT_IDS = 1 << 0, // scan /run bodies for rollout ids
+	GT_CFG_NO_GATE = 1 << 1,     // benchmark mode: emit every message, filter in Go
+};
+
+// Route table key: (role, method, path with any /ng-rollout/<id> prefix removed).
+struct gt_route_key {
+	__u8 role;
+	__u8 method;
+	__u16 _pad;
+	__u8 path[GT_ROUTE_PATH_MAX];
+};

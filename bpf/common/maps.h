@@ -1,0 +1,103 @@
+// The maps. Sizes are defaults; the loader may resize before load.
+#pragma once
+
+#include "conn.h"
+
+#define GT_TARGET_WORDS 65536 // bitmap of tgids: 65536 * 64 = 4194304 = pid_max limit
+
+// Bitmap of traced tgids. An array lookup is inlined by the verifier, so an
+// untargeted process pays one load and a bit test per traced syscall.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, GT_TARGET_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} gt_target_bits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct gt_target);
+} gt_targets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_config);
+} gt_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct gt_route_key);
+	__type(value, __u64);
+} gt_routes SEC(".maps");
+
+// LRU: connections of crashed or killed targets are evicted, never leaked.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gt_conn_key);
+	__type(value, struct gt_conn);
+} gt_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} gt_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GT_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} gt_stats SEC(".maps");
+
+#define GT_SCRATCH 4096
+#define GT_SCRATCH_MASK (GT_SCRATCH - 1)
+
+// Loop-carried state lives here, in map memory, not in registers: the
+// verifier does not track precision of values loaded from a map, so a loop
+// over 4 KiB of header converges after one iteration instead of exploding.
+struct gt_scan {
+	__u32 ls;   // start of the current line
+	__s32 end;  // offset just past the header block, -1 until found
+	__u8 skip;  // the current line is not a header (start line, or a continuation)
+	__u8 chunked;
+	__u8 upgrade;
+	__u8 host_found;
+	__u8 tp_found;
+	__u8 _pad[3];
+	__s64 cl;
+	__u32 host_at;
+	__u32 tp_at;
+};
+
+struct gt_loops {
+	__u32 proc_off;  // gt_process: offset in the current user buffer
+	__u32 chunk_off; // gt_chunks
+	__u64 iov_left;  // gt_on_io: bytes of the syscall not yet processed
+	__u64 csize;     // gt_chunks: chunk-size line being parsed
+	__s32 cnl;
+	__u8 cdigits;
+	__u8 cext;
+	__u8 _pad[2];
+	__u8 line[16];
+};
+
+struct gt_scratch {
+	__u8 buf[GT_SCRATCH + 128]; // slack so fixed-size reads at a masked offset stay inside
+	struct gt_scan scan;
+	struct gt_loops loops;
+	struct gt_route_key route_key;
+	struct gt_conn conn; // a zeroed template for new connections
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_scratch);
+} gt_scratch SEC(".maps");

@@ -1,0 +1,96 @@
+// Small shared helpers: counters, target test, config, fd -> socket.
+#pragma once
+
+#include "maps.h"
+#include "iter.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define SOCK_STREAM 1
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
+
+__u64 gt_next_conn_id;
+
+static __always_inline void gt_stat_add(__u32 slot, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&gt_stats, &slot);
+	if (v)
+		*v += n; // per-CPU slot: no atomic needed
+}
+
+static __always_inline int gt_is_target(__u32 tgid)
+{
+	__u32 word = tgid >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&gt_target_bits, &word);
+	return bits && (*bits & (1ULL << (tgid & 63)));
+}
+
+static __always_inline struct gt_config *gt_cfg(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&gt_config, &zero);
+}
+
+// Count an exchange per group: emitted for enabled bits, discarded for the rest.
+static __always_inline void gt_count_groups(__u64 groups, __u64 mask)
+{
+	int b;
+	gt_for(b, 0, GT_GROUP_COUNT)
+	{
+		__u64 bit = 1ULL << (b & 63);
+		if (groups & bit)
+			gt_stat_add(((mask & bit) ? GT_STAT_EMITTED : GT_STAT_DISCARDED) + (b & 15), 1);
+	}
+}
+
+static __always_inline void gt_mapped_v4(__u8 out[16], __be32 addr)
+{
+	__builtin_memset(out, 0, 10);
+	out[10] = 0xff;
+	out[11] = 0xff;
+	__builtin_memcpy(&out[12], &addr, 4);
+}
+
+// Walk current->files to the socket behind fd. Returns 1 and fills the tuple
+// for a TCP socket of AF_INET/AF_INET6, 0 for anything else. This runs once per
+// connection (the answer is cached in gt_conns), including connections that
+// existed before gymtrace attached.
+static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct files_struct *files = BPF_CORE_READ(task, files);
+	if (!files)
+		return 0;
+	struct fdtable *fdt = BPF_CORE_READ(files, fdt);
+	if (!fdt || fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = 0;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return 0;
+	unsigned short mode = BPF_CORE_READ(f, f_inode, i_mode);
+	if ((mode & S_IFMT) != S_IFSOCK)
+		return 0;
+	struct socket *sock = BPF_CORE_READ(f, private_data);
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		return 0;
+	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP || BPF_CORE_READ(sk, sk_type) != SOCK_STREAM)
+		return 0;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	t->family = family;
+	t->lport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	t->rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (family == AF_INET) {
+		gt_mapped_v4(t->laddr, BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr));
+		gt_mapped_v4(t->raddr, BPF_CORE_READ(sk, __sk_common.skc_daddr));
+	} else if (family == AF_INET6) {
+		BPF_CORE_READ_INTO(&t->laddr, sk, __sk_common.skc_v6_rcv_saddr.in6_u.u6_addr8);
+		BPF_CORE_READ_INTO(&t->raddr, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr8);
+	} else {
+		return 0;
+	}
+	return 1;
+}

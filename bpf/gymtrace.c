@@ -1,0 +1,22 @@
+//go:build ignore
+
+// gymtrace's BPF programs: one compilation unit, split by concern into headers.
+#include "common/kernel.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "common/contract.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#include "syscalls.h"
+
+// Contract types that no map names are kept in BTF so bpf2go generates them.
+struct http_event gt_contract_http_event __attribute__((unused));
+enum gt_event_kind gt_contract_kind __attribute__((unused));
+enum gt_side gt_contract_side __attribute__((unused));
+enum gt_role gt_contract_role __attribute__((unused));
+enum gt_method gt_contract_method __attribute__((unused));
+enum gt_event_flag gt_contract_flag __attribute__((unused));
+enum gt_stat gt_contract_stat __attribute__((unused));
+enum gt_config_flag gt_contract_cfg_flag __attribute__((unused));

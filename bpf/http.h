@@ -1,0 +1,234 @@
+// Bounded HTTP/1.x parsing: message starts, header block, body framing.
+// Only method, path (no query), status, Host, traceparent and framing leave
+// this file; every other header value and every body byte is skipped.
+#pragma once
+
+#include "common/util.h"
+#include "common/iter.h"
+
+#define GT_PEEK 16
+#define GT_MAX_MSGS_PER_BUF 4 // pipelined messages handled inside one syscall buffer
+#define GT_MAX_CHUNKS_PER_BUF 16
+#define GT_MAX_HDR_BYTES (16 * 1024) // header blocks larger than this lose framing
+
+enum gt_start {
+	GT_START_NONE = 0,
+	GT_START_REQUEST = 1,
+	GT_START_RESPONSE = 2,
+};
+
+static __always_inline __u8 gt_lower(__u8 c)
+{
+	return (c >= 'A' && c <= 'Z') ? c | 0x20 : c;
+}
+
+// Classifies the first bytes of a buffer: a request line (method + space) or a
+// status line ("HTTP/1.x NNN"). *arg gets the method, or the status code.
+static __always_inline int gt_classify(const __u8 *p, int n, __u16 *arg, __u8 *mlen)
+{
+	if (n >= 12 && p[0] == 'H' && p[1] == 'T' && p[2] == 'T' && p[3] == 'P' && p[4] == '/' &&
+	    p[5] == '1' && p[6] == '.' && p[8] == ' ') {
+		__u8 a = p[9] - '0', b = p[10] - '0', c = p[11] - '0';
+		if (a > 9 || b > 9 || c > 9 || a == 0)
+			return GT_START_NONE;
+		*arg = a * 100 + b * 10 + c;
+		return GT_START_RESPONSE;
+	}
+	if (n < 4)
+		return GT_START_NONE;
+	__u8 m = GT_M_UNKNOWN, l = 0;
+	switch (p[0]) {
+	case 'G':
+		if (p[1] == 'E' && p[2] == 'T' && p[3] == ' ')
+			m = GT_M_GET, l = 3;
+		break;
+	case 'P':
+		if (p[1] == 'O' && p[2] == 'S' && p[3] == 'T' && n > 4 && p[4] == ' ')
+			m = GT_M_POST, l = 4;
+		else if (p[1] == 'U' && p[2] == 'T' && p[3] == ' ')
+			m = GT_M_PUT, l = 3;
+		else if (n > 5 && p[1] == 'A' && p[2] == 'T' && p[3] == 'C' && p[4] == 'H' && p[5] == ' ')
+			m = GT_M_PATCH, l = 5;
+		break;
+	case 'H':
+		if (n > 4 && p[1] == 'E' && p[2] == 'A' && p[3] == 'D' && p[4] == ' ')
+			m = GT_M_HEAD, l = 4;
+		break;
+	case 'D':
+		if (n > 6 && p[1] == 'E' && p[2] == 'L' && p[3] == 'E' && p[4] == 'T' && p[5] == 'E' && p[6] == ' ')
+			m = GT_M_DELETE, l = 6;
+		break;
+	case 'O':
+		if (n > 7 && p[1] == 'P' && p[2] == 'T' && p[3] == 'I' && p[4] == 'O' && p[5] == 'N' &&
+		    p[6] == 'S' && p[7] == ' ')
+			m = GT_M_OPTIONS, l = 7;
+		break;
+	case 'C':
+		if (n > 7 && p[1] == 'O' && p[2] == 'N' && p[3] == 'N' && p[4] == 'E' && p[5] == 'C' &&
+		    p[6] == 'T' && p[7] == ' ')
+			m = GT_M_CONNECT, l = 7;
+		break;
+	case 'T':
+		if (n > 5 && p[1] == 'R' && p[2] == 'A' && p[3] == 'C' && p[4] == 'E' && p[5] == ' ')
+			m = GT_M_TRACE, l = 5;
+		break;
+	}
+	if (m == GT_M_UNKNOWN)
+		return GT_START_NONE;
+	// A request target starts with '/' (origin form), '*' or a scheme/authority.
+	__u8 t = p[l + 1 < GT_PEEK ? l + 1 : GT_PEEK - 1];
+	if (l + 1 < n && t != '/' && t != '*' && !(t >= 'a' && t <= 'z') && !(t >= 'A' && t <= 'Z'))
+		return GT_START_NONE;
+	*arg = m;
+	*mlen = l;
+	return GT_START_REQUEST;
+}
+
+// Case-insensitive match of a lower-case literal (letters, '-', ':') at s[at].
+// Branch-free on purpose: an early exit per byte would give the verifier a
+// path per prefix length to explore.
+#define GT_HDR_IS(s, at, lit)                                                          \
+	({                                                                             \
+		__u8 __diff = 0;                                                       \
+		_Pragma("unroll") for (int __j = 0; __j < (int)sizeof(lit) - 1; __j++) \
+			__diff |= ((s)[((at) + __j) & GT_SCRATCH_MASK] | 0x20) ^ (lit)[__j]; \
+		__diff == 0;                                                           \
+	})
+
+// One header line [ls, le) of the scratch buffer; results go to sc->scan.
+static __always_inline void gt_header_line(struct gt_scratch *sc, __u32 ls, __u32 le, int is_req)
+{
+	const __u8 *s = sc->buf;
+	__u8 c0 = s[ls & GT_SCRATCH_MASK] | 0x20;
+	__u32 v;
+	if (c0 == 'c' && le > ls + 15 && GT_HDR_IS(s, ls, "content-length:")) {
+		// Digits accumulate in map memory, not in a register the verifier
+		// would have to track per path.
+		v = ls + 15;
+		sc->scan.cl = 0;
+		int j;
+		gt_for(j, 0, 20)
+		{
+			__u8 c = s[(v + j) & GT_SCRATCH_MASK];
+			if (v + j >= le)
+				break;
+			if (c == ' ')
+				continue;
+			if (c < '0' || c > '9')
+				break;
+			sc->scan.cl = sc->scan.cl * 10 + (c - '0');
+		}
+	} else if (c0 == 't' && le > ls + 18 && GT_HDR_IS(s, ls, "transfer-encoding:")) {
+		// "chunked" as the (last) coding; Gym's servers send it alone.
+		v = ls + 18;
+		if (s[v & GT_SCRATCH_MASK] == ' ')
+			v++;
+		if (le >= v + 7 && GT_HDR_IS(s, v, "chunked"))
+			sc->scan.chunked = 1;
+	} else if (is_req && c0 == 't' && le > ls + 12 && GT_HDR_IS(s, ls, "traceparent:")) {
+		v = ls + 12;
+		if (s[v & GT_SCRATCH_MASK] == ' ')
+			v++;
+		if (le >= v + GT_TRACEPARENT_LEN) {
+			sc->scan.tp_found = 1;
+			sc->scan.tp_at = v;
+		}
+	} else if (is_req && c0 == 'h' && le > ls + 5 && GT_HDR_IS(s, ls, "host:")) {
+		v = ls + 5;
+		if (s[v & GT_SCRATCH_MASK] == ' ')
+			v++;
+		sc->scan.host_found = 1;
+		sc->scan.host_at = v;
+	} else if (c0 == 'u' && le > ls + 8 && GT_HDR_IS(s, ls, "upgrade:")) {
+		sc->scan.upgrade = 1;
+	}
+}
+
+// Scans sc->buf[0, n) for header lines until the blank line. sc->scan must be
+// set up by the caller (skip = the buffer starts inside a line that is not a
+// header). Sets sc->scan.end to the offset just past the header block, or -1.
+__noinline int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
+{
+	if (!sc)
+		return 0;
+	int i;
+	if (n > GT_SCRATCH)
+		n = GT_SCRATCH;
+	sc->scan.ls = 0;
+	sc->scan.end = -1;
+	gt_for(i, 0, (int)n)
+	{
+		if (sc->buf[i & GT_SCRATCH_MASK] != '\n')
+			continue;
+		__u32 ls = sc->scan.ls;
+		__u32 le = i;
+		if (le > ls && sc->buf[(le - 1) & GT_SCRATCH_MASK] == '\r')
+			le--;
+		if (le == ls && !sc->scan.skip) {
+			sc->scan.end = i + 1;
+			break;
+		}
+		if (!sc->scan.skip && le > ls)
+			gt_header_line(sc, ls, le, is_req);
+		sc->scan.skip = 0;
+		sc->scan.ls = i + 1;
+	}
+	return 0;
+}
+
+// Copies the request target up to a space, '?' (the query never leaves the
+// kernel) or the end of the line into ev->path; sets ev->path_len.
+static __always_inline void gt_copy_path(const __u8 *s, __u32 at, __u32 n, struct http_event *ev)
+{
+	int j;
+	ev->path_len = 0;
+	gt_for(j, 0, GT_PATH_MAX)
+	{
+		__u32 k = at + j;
+		__u8 c = s[k & GT_SCRATCH_MASK];
+		if (k >= n || c == ' ' || c == '?' || c == '#' || c == '\r' || c == '\n')
+			break;
+		ev->path[j & (GT_PATH_MAX - 1)] = c;
+		ev->path_len = j + 1;
+	}
+	if (ev->path_len == GT_PATH_MAX) {
+		__u8 c = s[(at + GT_PATH_MAX) & GT_SCRATCH_MASK];
+		if (at + GT_PATH_MAX < n && c != ' ' && c != '?' && c != '\r')
+			ev->flags |= GT_F_PATH_TRUNCATED;
+	}
+}
+
+// Fills k, the route-table key: the path with a leading /ng-rollout/<id>
+// removed, as Gym's model and resources middlewares do. k lives in map memory
+// (the per-CPU scratch) so the loops below keep no state in registers.
+static __always_inline void gt_route_key_from(struct gt_route_key *k, const struct http_event *ev, __u8 role)
+{
+	const char pre[] = "/ng-rollout/";
+	__u8 diff = ev->path_len > sizeof(pre) ? 0 : 1;
+#pragma unroll
+	for (int j = 0; j < (int)sizeof(pre) - 1; j++)
+		diff |= ev->path[j] ^ pre[j];
+	__builtin_memset(k, 0, sizeof(*k));
+	k->role = role;
+	k->method = ev->method;
+	// k->_pad holds the offset where the route starts while we look for it.
+	k->_pad = 0;
+	int j;
+	if (!diff) {
+		gt_for(j, sizeof(pre) - 1, GT_PATH_MAX)
+		{
+			if (ev->path[j & (GT_PATH_MAX - 1)] == '/') {
+				k->_pad = j;
+				break;
+			}
+		}
+	}
+	gt_for(j, 0, GT_ROUTE_PATH_MAX)
+	{
+		__u32 src = k->_pad + j;
+		if (src >= ev->path_len)
+			break;
+		k->path[j & 63] = ev->path[src & (GT_PATH_MAX - 1)];
+	}
+	k->_pad = 0;
+}

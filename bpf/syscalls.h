@@ -1,0 +1,774 @@
+// Syscall tracepoints: the HTTP/1.x message state machine per connection.
+//
+// Only sys_exit_* of the data syscalls is hooked (plus sys_enter_close): the
+// arguments are read back from the task's saved registers, so each traced
+// syscall costs one program run, not two. Every program starts with the
+// target-bitmap test, so an untargeted process pays one array load.
+#pragma once
+
+#include "http.h"
+
+#define GT_EAGAIN 11
+#define GT_EINTR 4
+#define GT_EINPROGRESS 115
+
+enum gt_io_kind {
+	GT_IO_PLAIN = 0, // (fd, buf, len)
+	GT_IO_IOV = 1,   // (fd, iov, iovcnt)
+	GT_IO_MSG = 2,   // (fd, msghdr)
+};
+
+struct gt_io {
+	__u64 now;
+	__u32 tgid;
+	__u32 tid;
+	__s32 fd;
+	__u8 dir; // 0: bytes read, 1: bytes written
+	__u8 role;
+	__u8 hdr_first; // gt_headers: the buffer starts with the start line
+	__u8 mlen;      // gt_headers: length of the request method
+	// The gate, copied from gt_config: global functions take no map pointers.
+	__u32 cfg_flags;
+	__u32 cfg_gen;
+	__u64 mask;
+	__u64 server_possible; // for this process's role
+	__u64 client_possible;
+};
+
+struct gt_iovec {
+	__u64 base;
+	__u64 len;
+};
+
+struct gt_msghdr {
+	__u64 name;
+	__u32 namelen;
+	__u32 _pad;
+	__u64 iov;
+	__u64 iovlen;
+};
+
+static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+#if defined(__TARGET_ARCH_x86)
+	*a0 = BPF_CORE_READ(regs, di);
+	*a1 = BPF_CORE_READ(regs, si);
+	*a2 = BPF_CORE_READ(regs, dx);
+#elif defined(__TARGET_ARCH_arm64)
+	// x0 holds the return value by now; the first argument survives in orig_x0.
+	*a0 = BPF_CORE_READ(regs, orig_x0);
+	*a1 = BPF_CORE_READ(regs, regs[1]);
+	*a2 = BPF_CORE_READ(regs, regs[2]);
+#endif
+}
+
+static __always_inline struct gt_scratch *gt_get_scratch(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&gt_scratch, &zero);
+}
+
+static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io)
+{
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return;
+	}
+	__builtin_memcpy(e, &c->req, sizeof(*e));
+	e->end_ns = io->now;
+	e->body_len = d->body_len;
+	bpf_ringbuf_submit(e, 0);
+	c->emitted_ring |= 1ULL << (c->req.seq & 63);
+}
+
+static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
+{
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->kind = GT_EV_RESPONSE;
+	e->side = c->side;
+	e->role = io->role;
+	e->flags = c->resp_flags | extra;
+	e->status = c->resp_status;
+	e->pid = io->tgid;
+	e->tid = io->tid;
+	e->fd = io->fd;
+	e->conn_id = c->conn_id;
+	e->seq = c->resp_seq - 1;
+	e->start_ns = d->start_ns;
+	e->end_ns = io->now;
+	e->body_len = d->body_len;
+	e->tuple = c->tuple;
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, __u16 flags)
+{
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->kind = GT_EV_CLOSE;
+	e->side = c->side;
+	e->role = io->role;
+	e->flags = flags;
+	e->pid = io->tgid;
+	e->tid = io->tid;
+	e->fd = io->fd;
+	e->conn_id = c->conn_id;
+	e->seq = c->req_seq;
+	e->start_ns = io->now;
+	e->end_ns = io->now;
+	e->tuple = c->tuple;
+	bpf_ringbuf_submit(e, 0);
+}
+
+// The message in direction d has ended.
+static __always_inline void gt_finish(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
+{
+	if (d->is_req)
+		gt_emit_request(c, d, io);
+	else
+		gt_emit_response(c, d, io, extra);
+	d->phase = GT_PH_IDLE;
+}
+
+// Headers of the message in direction d are complete: choose its body framing.
+static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d, struct gt_io *io)
+{
+	d->body_len = 0;
+	if (d->is_req) {
+		if (d->chunked) {
+			c->req.flags |= GT_F_CHUNKED;
+			d->phase = GT_PH_CHUNKED;
+			d->chunk_phase = GT_CH_SIZE;
+		} else if (d->cl > 0) {
+			d->phase = GT_PH_BODY_CL;
+			d->remaining = d->cl;
+		} else {
+			gt_finish(c, d, io, 0);
+		}
+		return;
+	}
+	__u16 st = c->resp_status;
+	__u64 ridx = c->resp_seq - 1;
+	int head = (c->head_ring >> (ridx & 63)) & 1;
+	if (st == 101) {
+		gt_finish(c, d, io, GT_F_UPGRADE);
+		c->kind = GT_CONN_UPGRADED;
+	} else if (head || st == 204 || st == 304) {
+		gt_finish(c, d, io, 0);
+	} else if (d->chunked) {
+		c->resp_flags |= GT_F_CHUNKED;
+		d->phase = GT_PH_CHUNKED;
+		d->chunk_phase = GT_CH_SIZE;
+	} else if (d->cl >= 0) {
+		if (d->cl == 0) {
+			gt_finish(c, d, io, 0);
+		} else {
+			d->phase = GT_PH_BODY_CL;
+			d->remaining = d->cl;
+		}
+	} else {
+		d->phase = GT_PH_BODY_EOF;
+	}
+}
+
+// Parses (part of) a header block from the user buffer. first: the buffer
+// starts with the message's start line. Returns bytes consumed, or -1 when the
+// rest of the buffer belongs to this header block or is to be ignored.
+// Global (non-static) functions are verified once, on their own, instead of
+// once per call site and caller state: that keeps verification linear.
+__noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+{
+	if (!c || !io)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	int first = io->hdr_first;
+	__u8 mlen = io->mlen;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	__u32 n = avail > GT_SCRATCH ? GT_SCRATCH : avail;
+	if (n == 0 || n > GT_SCRATCH || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
+		return -1;
+	if (first) {
+		sc->scan.skip = 1; // the start line is not a header
+		if (d->is_req)
+			gt_copy_path(sc->buf, mlen + 1, n, &c->req);
+	} else {
+		sc->scan.skip = d->mid_line;
+	}
+	sc->scan.cl = -1;
+	sc->scan.chunked = 0;
+	sc->scan.upgrade = 0;
+	sc->scan.host_found = 0;
+	sc->scan.tp_found = 0;
+	gt_scan_headers(sc, n, d->is_req);
+	int end = sc->scan.end;
+	d->mid_line = end < 0 && sc->scan.ls < n;
+	if (sc->scan.cl >= 0)
+		d->cl = sc->scan.cl;
+	if (sc->scan.chunked)
+		d->chunked = 1;
+	if (sc->scan.upgrade)
+		d->upgrade = 1;
+	if (d->is_req && sc->scan.tp_found) {
+		bpf_probe_read_kernel(c->req.traceparent, GT_TRACEPARENT_LEN, &sc->buf[sc->scan.tp_at & GT_SCRATCH_MASK]);
+		c->req.flags |= GT_F_TRACEPARENT;
+	}
+	if (d->is_req && sc->scan.host_found) {
+		__u32 at = sc->scan.host_at;
+		int j;
+		c->req.host_len = 0;
+		gt_for(j, 0, GT_HOST_MAX - 1)
+		{
+			__u8 ch = sc->buf[(at + j) & GT_SCRATCH_MASK];
+			if (at + j >= n || ch == '\r' || ch == '\n')
+				break;
+			c->req.host[j & (GT_HOST_MAX - 1)] = ch;
+			c->req.host_len = j + 1;
+		}
+		c->req.flags |= GT_F_HOST;
+	}
+	d->hdr_scanned += n;
+	if (end >= 0) {
+		gt_headers_done(c, d, io);
+		return end;
+	}
+	if (n < avail || d->hdr_scanned > GT_MAX_HDR_BYTES) {
+		// The block is larger than the kernel scans: report what we have,
+		// with framing lost, and resynchronise at the next message start.
+		gt_stat_add(GT_STAT_HDR_TRUNCATED, 1);
+		if (d->is_req)
+			c->req.flags |= GT_F_HDR_TRUNCATED | GT_F_BODY_UNKNOWN;
+		gt_finish(c, d, io, GT_F_HDR_TRUNCATED | GT_F_BODY_UNKNOWN);
+		d->phase = GT_PH_SKIP;
+		return -1;
+	}
+	d->phase = GT_PH_HEADERS;
+	return -1;
+}
+
+static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
+{
+	d->chunk_phase = 0;
+	d->mid_line = 0;
+	d->hdr_scanned = 0;
+	d->cl = -1;
+	d->chunked = 0;
+	d->upgrade = 0;
+	d->remaining = 0;
+	d->body_len = 0;
+	d->start_ns = now;
+}
+
+// A request line starts at ubuf. Decides the gate for the whole exchange.
+static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u64 ubuf,
+					    __u32 avail, __u8 method, __u8 mlen)
+{
+	__u64 idx = c->req_seq++;
+	__u64 bit = 1ULL << (idx & 63);
+	c->skip_ring &= ~bit;
+	c->emitted_ring &= ~bit;
+	if (method == GT_M_HEAD)
+		c->head_ring |= bit;
+	else
+		c->head_ring &= ~bit;
+
+	gt_reset_dir(d, io->now);
+	struct http_event *ev = &c->req;
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->kind = GT_EV_REQUEST;
+	ev->side = c->side;
+	ev->method = method;
+	ev->role = io->role;
+	ev->pid = io->tgid;
+	ev->tid = io->tid;
+	ev->fd = io->fd;
+	ev->conn_id = c->conn_id;
+	ev->seq = idx;
+	ev->start_ns = io->now;
+	ev->tuple = c->tuple;
+	ev->rollout.task = -1;
+	ev->rollout.rollout = -1;
+	ev->rollout.attempt = -1;
+	if (!c->started)
+		ev->flags |= GT_F_RESYNC;
+
+	// The path is needed before the gate can decide (routes pick gym.* groups);
+	// it is read into the per-CPU scratch, never into the ring buffer, so a
+	// gated-off request copies nothing out.
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	__u32 n = avail > GT_PATH_MAX + 16 ? GT_PATH_MAX + 16 : avail;
+	if (bpf_probe_read_user(sc->buf, n & 0xff, (void *)ubuf))
+		return -1;
+	gt_copy_path(sc->buf, mlen + 1, n, ev);
+
+	__u64 groups;
+	__u64 mask = io->mask;
+	if (c->side == GT_SIDE_SERVER) {
+		groups = GT_GROUP_SERVER;
+		gt_route_key_from(&sc->route_key, ev, io->role);
+		__u64 *rg = bpf_map_lookup_elem(&gt_routes, &sc->route_key);
+		if (rg)
+			groups |= *rg;
+	} else {
+		groups = GT_GROUP_HTTP_CLIENT;
+	}
+	ev->groups = groups;
+	gt_count_groups(groups, mask);
+	if (!(groups & mask) && !(io->cfg_flags & GT_CFG_NO_GATE)) {
+		c->skip_ring |= bit;
+		d->phase = GT_PH_SKIP;
+		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);
+		return -1;
+	}
+	io->hdr_first = 1;
+	io->mlen = mlen;
+	return gt_headers(c, io, ubuf, avail);
+}
+
+static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u64 ubuf,
+					     __u32 avail, __u16 status)
+{
+	gt_reset_dir(d, io->now);
+	if (status >= 100 && status < 200 && status != 101) {
+		// Interim (100 Continue): parse past its header block, keep waiting
+		// for the final response of the same request.
+		c->resp_status = status;
+		d->phase = GT_PH_HEADERS;
+		io->hdr_first = 1;
+		io->mlen = 0;
+		int end = gt_headers(c, io, ubuf, avail);
+		d->phase = GT_PH_IDLE;
+		return end;
+	}
+	__u64 idx = c->resp_seq++;
+	__u64 bit = 1ULL << (idx & 63);
+	if (idx >= c->req_seq || (c->skip_ring & bit) || !(c->emitted_ring & bit)) {
+		// Gated off, or its request was never seen (attached mid-exchange).
+		if (idx >= c->req_seq)
+			c->resp_seq = c->req_seq;
+		d->phase = GT_PH_SKIP;
+		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);
+		return -1;
+	}
+	c->resp_status = status;
+	c->resp_flags = 0;
+	io->hdr_first = 1;
+	io->mlen = 0;
+	return gt_headers(c, io, ubuf, avail);
+}
+
+// Follows chunked framing from off. Returns the new offset, or -1 when
+// framing was lost.
+__noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
+{
+	if (!c || !io)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	sc->loops.chunk_off = off;
+	int k;
+	gt_for(k, 0, GT_MAX_CHUNKS_PER_BUF)
+	{
+		__u32 o = sc->loops.chunk_off;
+		if (o >= len || d->phase != GT_PH_CHUNKED)
+			break;
+		__u32 avail = len - o;
+		if (d->chunk_phase != GT_CH_SIZE) {
+			__u64 take = d->remaining < avail ? d->remaining : avail;
+			d->remaining -= take;
+			sc->loops.chunk_off = o + take;
+			if (d->chunk_phase == GT_CH_DATA)
+				d->body_len += take;
+			if (d->remaining)
+				continue;
+			if (d->chunk_phase == GT_CH_LAST) {
+				gt_finish(c, d, io, GT_F_CHUNKED);
+				break;
+			}
+			d->body_len -= 2; // the CRLF after each chunk's data is framing
+			d->chunk_phase = GT_CH_SIZE;
+			continue;
+		}
+		// The chunk-size line, parsed with its state in map memory.
+		__u32 n = avail < GT_PEEK ? avail : GT_PEEK;
+		if (bpf_probe_read_user(sc->loops.line, n & 31, (void *)(ubuf + o)))
+			return -1;
+		sc->loops.csize = 0;
+		sc->loops.cnl = -1;
+		sc->loops.cdigits = 0;
+		sc->loops.cext = 0;
+		int j;
+		gt_for(j, 0, GT_PEEK)
+		{
+			if (j >= n)
+				break;
+			__u8 ch = sc->loops.line[j & (GT_PEEK - 1)];
+			if (ch == '\n') {
+				sc->loops.cnl = j;
+				break;
+			}
+			if (sc->loops.cext || ch == '\r')
+				continue;
+			if (ch == ';') {
+				sc->loops.cext = 1;
+				continue;
+			}
+			__u8 lc = ch | 0x20;
+			__u8 v;
+			if (ch >= '0' && ch <= '9')
+				v = ch - '0';
+			else if (lc >= 'a' && lc <= 'f')
+				v = lc - 'a' + 10;
+			else
+				break;
+			sc->loops.csize = (sc->loops.csize << 4) | v;
+			sc->loops.cdigits++;
+		}
+		__s32 nl = sc->loops.cnl;
+		__u64 size = sc->loops.csize;
+		if (nl < 0 || !sc->loops.cdigits) {
+			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
+			return -1; // a size line split across syscalls: give up on framing
+		}
+		sc->loops.chunk_off = o + nl + 1;
+		if (size == 0) {
+			d->chunk_phase = GT_CH_LAST;
+			d->remaining = 2; // the final CRLF (trailers are not used by Gym's servers)
+		} else {
+			d->chunk_phase = GT_CH_DATA;
+			d->remaining = size + 2;
+		}
+	}
+	return sc->loops.chunk_off;
+}
+
+// One step of the state machine at offset off of a user buffer: consumes a
+// message start, a header block, or body bytes. Returns bytes consumed, or -1
+// when the rest of the buffer is to be ignored.
+__noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
+{
+	if (!c || !io || off >= len)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	__u32 avail = len - off;
+	switch (d->phase) {
+	case GT_PH_IDLE:
+	case GT_PH_SKIP: {
+		__u8 peek[GT_PEEK] = {};
+		__u32 n = avail < GT_PEEK ? avail : GT_PEEK;
+		if (bpf_probe_read_user(peek, n & 31, (void *)(ubuf + off)))
+			return -1;
+		__u16 arg = 0;
+		__u8 mlen = 0;
+		int kind = gt_classify(peek, n, &arg, &mlen);
+		if (kind == GT_START_NONE) {
+			if (d->phase == GT_PH_IDLE) {
+				// Not at a message start: a connection picked up mid-body,
+				// or not HTTP at all. Wait for the next start.
+				gt_stat_add(c->started ? GT_STAT_PARSE_ERROR : GT_STAT_NOT_HTTP, 1);
+				d->phase = GT_PH_SKIP;
+			}
+			return -1;
+		}
+		if (c->side == GT_SIDE_UNKNOWN) {
+			int req = kind == GT_START_REQUEST;
+			__u8 side = (req == (io->dir == 0)) ? GT_SIDE_SERVER : GT_SIDE_CLIENT;
+			// The side decides which groups are possible at all.
+			__u64 possible = side == GT_SIDE_SERVER ? io->server_possible
+								: io->client_possible;
+			if (!(possible & io->mask) && !(io->cfg_flags & GT_CFG_NO_GATE))
+				return -1;
+			c->side = side;
+			c->dir[0].is_req = side == GT_SIDE_SERVER;
+			c->dir[1].is_req = side == GT_SIDE_CLIENT;
+			if (c->started)
+				gt_stat_add(GT_STAT_RESYNC, 1);
+		}
+		if ((kind == GT_START_REQUEST) != d->is_req) {
+			d->phase = GT_PH_SKIP;
+			return -1;
+		}
+		int r;
+		if (kind == GT_START_REQUEST)
+			r = gt_start_request(c, d, io, ubuf + off, avail, arg, mlen);
+		else
+			r = gt_start_response(c, d, io, ubuf + off, avail, arg);
+		c->started = 1;
+		return r;
+	}
+	case GT_PH_HEADERS:
+		io->hdr_first = 0;
+		return gt_headers(c, io, ubuf + off, avail);
+	case GT_PH_BODY_CL: {
+		__u64 take = d->remaining < avail ? d->remaining : avail;
+		d->remaining -= take;
+		d->body_len += take;
+		if (!d->remaining)
+			gt_finish(c, d, io, 0);
+		return take;
+	}
+	case GT_PH_CHUNKED: {
+		int o = gt_chunks(c, io, ubuf, off, len);
+		if (o < 0) {
+			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+			d->phase = GT_PH_SKIP;
+			return -1;
+		}
+		return o - off;
+	}
+	case GT_PH_BODY_EOF:
+		d->body_len += avail;
+		return -1;
+	}
+	return -1;
+}
+
+// Runs the state machine over one contiguous user buffer; a buffer may hold
+// the end of one message and the start of the next (pipelining, keep-alive).
+__noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 len)
+{
+	if (!c || !io)
+		return 0;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 0;
+	sc->loops.proc_off = 0;
+	int m;
+	gt_for(m, 0, GT_MAX_MSGS_PER_BUF)
+	{
+		__u32 off = sc->loops.proc_off;
+		if (off >= len || c->kind != GT_CONN_HTTP)
+			break;
+		int r = gt_step(c, io, ubuf, off, len);
+		if (r <= 0)
+			break;
+		// gt_step may have used the scratch: look it up again.
+		sc = gt_get_scratch();
+		if (!sc)
+			break;
+		sc->loops.proc_off = off + r;
+	}
+	return 0;
+}
+
+static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create)
+{
+	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
+	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
+	if (c) {
+		if (c->cfg_gen != io->cfg_gen) {
+			// The gate changed: whatever was mid-flight is resynchronised.
+			c->cfg_gen = io->cfg_gen;
+			if (c->dir[0].phase != GT_PH_IDLE)
+				c->dir[0].phase = GT_PH_SKIP;
+			if (c->dir[1].phase != GT_PH_IDLE)
+				c->dir[1].phase = GT_PH_SKIP;
+		}
+		return c;
+	}
+	if (!create)
+		return 0;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 0;
+	struct gt_conn *t = &sc->conn;
+	__builtin_memset(t, 0, sizeof(*t));
+	t->cfg_gen = io->cfg_gen;
+	if (gt_fd_tcp_tuple(io->fd, &t->tuple)) {
+		t->kind = GT_CONN_HTTP;
+		t->conn_id = __sync_fetch_and_add(&gt_next_conn_id, 1) + 1;
+	} else {
+		t->kind = GT_CONN_IGNORE;
+	}
+	if (bpf_map_update_elem(&gt_conns, &key, t, BPF_NOEXIST) && bpf_map_update_elem(&gt_conns, &key, t, BPF_ANY)) {
+		gt_stat_add(GT_STAT_CONN_FULL, 1);
+		return 0;
+	}
+	return bpf_map_lookup_elem(&gt_conns, &key);
+}
+
+static __always_inline int gt_in_flight(struct gt_conn *c)
+{
+	return c->emitted_ring && (c->req_seq != c->resp_seq || c->dir[0].phase > GT_PH_IDLE ||
+				   c->dir[1].phase > GT_PH_IDLE);
+}
+
+static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!gt_is_target(tgid))
+		return 0;
+	struct gt_config *cfg = gt_cfg();
+	if (!cfg)
+		return 0;
+	struct gt_target *tg = bpf_map_lookup_elem(&gt_targets, &tgid);
+	__u8 role = tg ? tg->role : GT_ROLE_UNKNOWN;
+	__u64 possible = cfg->server_possible[role & 7] | cfg->client_possible;
+	if (!(possible & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
+		return 0;
+
+	unsigned long a0, a1, a2;
+	gt_syscall_args(&a0, &a1, &a2);
+	struct gt_io io = {
+		.now = bpf_ktime_get_ns(),
+		.tgid = tgid,
+		.tid = (__u32)id,
+		.fd = (__s32)a0,
+		.dir = dir,
+		.role = role,
+		.cfg_flags = cfg->flags,
+		.cfg_gen = cfg->generation,
+		.mask = cfg->mask,
+		.server_possible = cfg->server_possible[role & 7],
+		.client_possible = cfg->client_possible,
+	};
+
+	if (ret <= 0) {
+		if (ret == -GT_EAGAIN || ret == -GT_EINTR || ret == -GT_EINPROGRESS)
+			return 0;
+		struct gt_conn *c = gt_conn_get(&io, 0);
+		if (!c || c->kind != GT_CONN_HTTP)
+			return 0;
+		if (ret == 0 && dir == 0) {
+			// Peer closed. A body delimited by the connection ends here.
+			struct gt_dir *d = &c->dir[0];
+			if (d->phase == GT_PH_BODY_EOF) {
+				gt_finish(c, d, &io, GT_F_END_BY_CLOSE);
+			} else if (gt_in_flight(c)) {
+				gt_emit_close(c, &io, 0);
+				c->emitted_ring = 0;
+			}
+		} else if (ret < 0 && gt_in_flight(c)) {
+			gt_emit_close(c, &io, GT_F_CONN_ERROR);
+			c->emitted_ring = 0;
+			c->dir[0].phase = GT_PH_SKIP;
+			c->dir[1].phase = GT_PH_SKIP;
+		}
+		return 0;
+	}
+
+	struct gt_conn *c = gt_conn_get(&io, 1);
+	if (!c || c->kind != GT_CONN_HTTP)
+		return 0;
+	if (c->side == GT_SIDE_SERVER && !(cfg->server_possible[role & 7] & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
+		return 0;
+	if (c->side == GT_SIDE_CLIENT && !(cfg->client_possible & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
+		return 0;
+
+	if (kind == GT_IO_PLAIN) {
+		gt_process(c, &io, a1, (__u32)ret);
+		return 0;
+	}
+	__u64 iov = a1, cnt = a2;
+	if (kind == GT_IO_MSG) {
+		struct gt_msghdr mh = {};
+		if (bpf_probe_read_user(&mh, sizeof(mh), (void *)a1))
+			return 0;
+		iov = mh.iov;
+		cnt = mh.iovlen;
+	}
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 0;
+	sc->loops.iov_left = ret;
+	int i;
+	gt_for(i, 0, 4)
+	{
+		if (i >= cnt)
+			break;
+		struct gt_iovec v = {};
+		if (bpf_probe_read_user(&v, sizeof(v), (void *)(iov + i * sizeof(v))))
+			break;
+		sc = gt_get_scratch();
+		if (!sc || !sc->loops.iov_left)
+			break;
+		__u64 left = sc->loops.iov_left;
+		__u64 seg = v.len < left ? v.len : left;
+		sc->loops.iov_left = left - seg;
+		gt_process(c, &io, v.base, (__u32)seg);
+	}
+	return 0;
+}
+
+#ifndef GT_NO_PROGRAMS // verifier tests include the helpers alone
+SEC("tracepoint/syscalls/sys_exit_read")
+int gt_exit_read(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_PLAIN); }
+
+SEC("tracepoint/syscalls/sys_exit_recvfrom")
+int gt_exit_recvfrom(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_PLAIN); }
+
+SEC("tracepoint/syscalls/sys_exit_readv")
+int gt_exit_readv(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_IOV); }
+
+SEC("tracepoint/syscalls/sys_exit_recvmsg")
+int gt_exit_recvmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_MSG); }
+
+SEC("tracepoint/syscalls/sys_exit_write")
+int gt_exit_write(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_PLAIN); }
+
+SEC("tracepoint/syscalls/sys_exit_sendto")
+int gt_exit_sendto(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_PLAIN); }
+
+SEC("tracepoint/syscalls/sys_exit_writev")
+int gt_exit_writev(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_IOV); }
+
+SEC("tracepoint/syscalls/sys_exit_sendmsg")
+int gt_exit_sendmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_MSG); }
+
+SEC("tracepoint/syscalls/sys_enter_close")
+int gt_enter_close(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!gt_is_target(tgid))
+		return 0;
+	struct gt_conn_key key = {.tgid = tgid, .fd = (__s32)ctx->args[0]};
+	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
+	if (!c)
+		return 0;
+	struct gt_config *cfg = gt_cfg();
+	struct gt_target *tg = bpf_map_lookup_elem(&gt_targets, &tgid);
+	if (c->kind == GT_CONN_HTTP && cfg) {
+		struct gt_io io = {
+			.now = bpf_ktime_get_ns(),
+			.tgid = tgid,
+			.tid = (__u32)id,
+			.fd = key.fd,
+			.role = tg ? tg->role : GT_ROLE_UNKNOWN,
+			.cfg_gen = cfg->generation,
+		};
+		// Our own side closing ends a body delimited by the connection
+		// (a server that writes a response without framing, then closes).
+		struct gt_dir *d = &c->dir[1];
+		if (d->phase == GT_PH_BODY_EOF) {
+			io.dir = 1;
+			gt_finish(c, d, &io, GT_F_END_BY_CLOSE);
+		}
+		d = &c->dir[0];
+		if (d->phase == GT_PH_BODY_EOF) {
+			gt_finish(c, d, &io, GT_F_END_BY_CLOSE);
+		} else if (gt_in_flight(c)) {
+			gt_emit_close(c, &io, 0);
+		}
+	}
+	bpf_map_delete_elem(&gt_conns, &key);
+	return 0;
+}
+#endif

@@ -1,0 +1,176 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/gymtrace/gymtrace/internal/spans"
+)
+
+// OTLPConfig configures the OTLP/gRPC exporter. Every zero field leaves the
+// choice to the standard OTEL_EXPORTER_OTLP_* (and _TRACES_*) environment
+// variables, then to the SDK default (https://localhost:4317); a set field
+// wins over the environment.
+type OTLPConfig struct {
+	// Endpoint is a URL ("http://host:4317" is plaintext, "https://host:4317"
+	// is TLS) or a bare "host:port", which uses TLS unless Insecure or
+	// OTEL_EXPORTER_OTLP_INSECURE=true.
+	Endpoint string
+	Insecure bool
+	Headers  map[string]string
+	// Timeout bounds one export call (the SDK's own default is 10s).
+	Timeout time.Duration
+	// Resources caches one Resource per process; nil makes one for this host.
+	Resources *Resources
+}
+
+// OTLPExporter sends spans to an OTLP/gRPC endpoint through the OTel Go SDK
+// exporter, keeping gymtrace's ids, parents and times: each span is handed to
+// the SDK as a read-only span with the Resource of the process it was seen in.
+type OTLPExporter struct {
+	exp   *otlptrace.Exporter
+	res   *Resources
+	scope instrumentation.Scope
+}
+
+// NewOTLP makes the exporter. It does not wait for the endpoint: gRPC connects
+// in the background and Export reports an unreachable collector.
+func NewOTLP(ctx context.Context, cfg OTLPConfig) (*OTLPExporter, error) {
+	opts, err := otlpOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	exp, err := otlptrace.New(ctx, otlptracegrpc.NewClient(opts...))
+	if err != nil {
+		return nil, fmt.Errorf("starting the OTLP/gRPC exporter: %w", err)
+	}
+	res := cfg.Resources
+	if res == nil {
+		res = NewResources("")
+	}
+	return &OTLPExporter{exp: exp, res: res, scope: instrumentation.Scope{Name: ScopeName}}, nil
+}
+
+func otlpOptions(cfg OTLPConfig) ([]otlptracegrpc.Option, error) {
+	opts := []otlptracegrpc.Option{
+		// The Pipeline retries with its own bounded backoff and counts what it
+		// gives up; the SDK's retry would hold a batch for up to a minute out
+		// of our sight.
+		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}),
+		// gRPC's reconnect backoff grows to 120s by default, which would keep
+		// export down long after a collector outage ends.
+		otlptracegrpc.WithDialOption(grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  250 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   3 * time.Second,
+			},
+			MinConnectTimeout: 5 * time.Second,
+		})),
+	}
+	if ep := strings.TrimSpace(cfg.Endpoint); ep != "" {
+		if strings.Contains(ep, "://") {
+			u, err := url.Parse(ep)
+			if err != nil || u.Host == "" {
+				return nil, fmt.Errorf("OTLP endpoint %q is not a URL like http://host:4317 or a host:port", cfg.Endpoint)
+			}
+			switch strings.ToLower(u.Scheme) {
+			case "http", "https":
+			default:
+				return nil, fmt.Errorf("OTLP endpoint %q: scheme must be http (plaintext) or https (TLS)", cfg.Endpoint)
+			}
+			opts = append(opts, otlptracegrpc.WithEndpointURL(ep))
+		} else {
+			if _, port, err := net.SplitHostPort(ep); err != nil || port == "" {
+				return nil, fmt.Errorf("OTLP endpoint %q is not a URL like http://host:4317 or a host:port", cfg.Endpoint)
+			}
+			opts = append(opts, otlptracegrpc.WithEndpoint(ep))
+			if cfg.Insecure {
+				opts = append(opts, otlptracegrpc.WithInsecure())
+			}
+		}
+	} else if cfg.Insecure {
+		opts = append(opts, otlptracegrpc.WithInsecure())
+	}
+	if len(cfg.Headers) > 0 {
+		opts = append(opts, otlptracegrpc.WithHeaders(cfg.Headers))
+	}
+	if cfg.Timeout > 0 {
+		opts = append(opts, otlptracegrpc.WithTimeout(cfg.Timeout))
+	}
+	return opts, nil
+}
+
+// Export sends batch in one OTLP request.
+func (e *OTLPExporter) Export(ctx context.Context, batch []spans.Span) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := e.exp.ExportSpans(ctx, ReadOnlySpans(batch, e.res, e.scope)); err != nil {
+		return fmt.Errorf("sending %d spans over OTLP/gRPC: %w", len(batch), err)
+	}
+	return nil
+}
+
+// Shutdown closes the gRPC connection.
+func (e *OTLPExporter) Shutdown(ctx context.Context) error {
+	if err := e.exp.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("closing the OTLP/gRPC exporter: %w", err)
+	}
+	return nil
+}
+
+// ReadOnlySpans converts gymtrace spans to SDK read-only spans with their ids,
+// parents and times unchanged, and attributes sanitized.
+func ReadOnlySpans(batch []spans.Span, res *Resources, scope instrumentation.Scope) []sdktrace.ReadOnlySpan {
+	out := make([]sdktrace.ReadOnlySpan, len(batch))
+	for i := range batch {
+		s := &batch[i]
+		stub := tracetest.SpanStub{
+			Name: s.Name,
+			SpanContext: trace.NewSpanContext(trace.SpanContextConfig{
+				TraceID:    s.TraceID,
+				SpanID:     s.SpanID,
+				TraceFlags: trace.FlagsSampled, // exported means sampled
+			}),
+			SpanKind:             s.Kind,
+			StartTime:            s.Start,
+			EndTime:              s.End,
+			Attributes:           Sanitize(s.Attrs),
+			Status:               sdktrace.Status{Code: s.Status},
+			Resource:             res.For(s.Proc),
+			InstrumentationScope: scope,
+		}
+		if s.Status == codes.Error { // only an error carries a description
+			stub.Status.Description = s.StatusMsg
+		}
+		if s.Parent.IsValid() {
+			stub.Parent = trace.NewSpanContext(trace.SpanContextConfig{
+				TraceID:    s.TraceID,
+				SpanID:     s.Parent,
+				TraceFlags: trace.FlagsSampled,
+			})
+		}
+		for _, l := range s.Links {
+			stub.Links = append(stub.Links, sdktrace.Link{SpanContext: l.SpanContext, Attributes: Sanitize(l.Attributes)})
+		}
+		out[i] = stub.Snapshot()
+	}
+	return out
+}

@@ -1,0 +1,207 @@
+//go:build linux
+
+package http
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+type recorder struct {
+	started []*Exchange
+	done    []*Exchange
+}
+
+func (r *recorder) RequestStarted(x *Exchange) { r.started = append(r.started, x) }
+func (r *recorder) ExchangeDone(x *Exchange)   { r.done = append(r.done, x) }
+
+func reqEv(conn uint64, path string, t uint64) *loader.HTTPEvent {
+	ev := &loader.HTTPEvent{Kind: loader.EvRequest, Side: loader.SideServer, Method: loader.MethodPOST,
+		ConnId: conn, Pid: 1, StartNs: t, EndNs: t + 1}
+	ev.PathLen = uint16(copy(ev.Path[:], path))
+	return ev
+}
+
+func respEv(conn uint64, status uint16, t uint64, flags uint16) *loader.HTTPEvent {
+	return &loader.HTTPEvent{Kind: loader.EvResponse, Side: loader.SideServer, ConnId: conn,
+		Pid: 1, Status: status, StartNs: t, EndNs: t + 1, Flags: flags}
+}
+
+func closeEv(conn uint64, t uint64, flags uint16) *loader.HTTPEvent {
+	return &loader.HTTPEvent{Kind: loader.EvClose, Side: loader.SideServer, ConnId: conn, Pid: 1,
+		StartNs: t, EndNs: t, Flags: flags}
+}
+
+func TestAssemblerPipeliningPairsFIFO(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, "/a", 10), r)
+	a.Add(reqEv(1, "/b", 20), r)
+	a.Add(reqEv(2, "/other", 25), r) // an interleaved connection must not disturb conn 1
+	a.Add(reqEv(1, "/c", 30), r)
+	if len(r.started) != 4 || len(r.done) != 0 {
+		t.Fatalf("started %d done %d, want 4 and 0", len(r.started), len(r.done))
+	}
+	a.Add(respEv(1, 200, 40, 0), r)
+	a.Add(respEv(1, 404, 50, 0), r)
+	a.Add(respEv(2, 201, 55, 0), r)
+	a.Add(respEv(1, 500, 60, 0), r)
+	want := []struct {
+		path   string
+		status int
+	}{{"/a", 200}, {"/b", 404}, {"/other", 201}, {"/c", 500}}
+	if len(r.done) != len(want) {
+		t.Fatalf("done %d, want %d", len(r.done), len(want))
+	}
+	for i, w := range want {
+		x := r.done[i]
+		if x.Path != w.path || x.Status != w.status || x.Err != nil {
+			t.Errorf("exchange %d = %s %d err=%v, want %s %d", i, x.Path, x.Status, x.Err, w.path, w.status)
+		}
+		if x.RespEnd <= x.ReqEnd {
+			t.Errorf("exchange %d: response ends before request", i)
+		}
+	}
+	if s := a.Stats(); s.OpenConns != 0 || s.OpenExchanges != 0 || s.Completed != 4 {
+		t.Errorf("stats after all answered: %+v", s)
+	}
+}
+
+func TestAssemblerCloseWithPending(t *testing.T) {
+	for _, c := range []struct {
+		flags uint16
+		want  error
+	}{{0, ErrClosed}, {loader.FlagConnError, ErrConnReset}} {
+		a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+		a.Add(reqEv(1, "/a", 10), r)
+		a.Add(reqEv(1, "/b", 20), r)
+		a.Add(respEv(1, 200, 30, 0), r)
+		a.Add(closeEv(1, 99, c.flags), r)
+		if len(r.done) != 2 {
+			t.Fatalf("done %d, want 2", len(r.done))
+		}
+		x := r.done[1]
+		if x.Path != "/b" || !errors.Is(x.Err, c.want) || x.Status != 0 || x.RespEnd != 99 {
+			t.Errorf("pending exchange after close = %s status=%d err=%v end=%d", x.Path, x.Status, x.Err, x.RespEnd)
+		}
+		if s := a.Stats(); s.Failed != 1 || s.OpenConns != 0 {
+			t.Errorf("stats: %+v", s)
+		}
+	}
+}
+
+func TestAssemblerResponseFlags(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, "/a", 10), r)
+	a.Add(respEv(1, 200, 20, loader.FlagConnError), r)
+	if r.done[0].Err != ErrConnReset || r.done[0].Status != 200 {
+		t.Errorf("mid-body reset: err=%v status=%d", r.done[0].Err, r.done[0].Status)
+	}
+	// A body ended by close ends the connection: a request queued behind it is
+	// never answered.
+	a.Add(reqEv(2, "/x", 30), r)
+	a.Add(reqEv(2, "/y", 31), r)
+	a.Add(respEv(2, 200, 40, loader.FlagEndByClose), r)
+	if len(r.done) != 3 || r.done[1].Err != nil || r.done[2].Err != ErrClosed {
+		t.Fatalf("end-by-close: %d done", len(r.done))
+	}
+	if a.Stats().OpenConns != 0 {
+		t.Error("connection state kept after end-by-close")
+	}
+}
+
+func TestAssemblerOrphansAndUnknownSide(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(respEv(5, 200, 10, loader.FlagResync), r)
+	ev := reqEv(6, "/a", 20)
+	ev.Side = loader.SideUnknown
+	a.Add(ev, r)
+	s := a.Stats()
+	if s.OrphanResponses != 1 || s.UnknownSide != 1 || len(r.started) != 0 {
+		t.Errorf("stats %+v started %d", s, len(r.started))
+	}
+}
+
+// Requests beyond MaxPending are dropped but keep their place: the response of
+// a dropped request must not pair with a later one.
+func TestAssemblerPendingLimitKeepsPairing(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{MaxPending: 2}), &recorder{}
+	a.Add(reqEv(1, "/1", 10), r)
+	a.Add(reqEv(1, "/2", 11), r)
+	a.Add(reqEv(1, "/3", 12), r) // dropped
+	a.Add(respEv(1, 201, 20, 0), r)
+	a.Add(reqEv(1, "/4", 21), r)
+	a.Add(respEv(1, 202, 22, 0), r)
+	a.Add(respEv(1, 203, 23, 0), r) // answers the dropped /3
+	a.Add(respEv(1, 204, 24, 0), r)
+	got := map[string]int{}
+	for _, x := range r.done {
+		got[x.Path] = x.Status
+	}
+	if got["/1"] != 201 || got["/2"] != 202 || got["/4"] != 204 || len(got) != 3 {
+		t.Errorf("pairs = %v", got)
+	}
+	if s := a.Stats(); s.DroppedPendingLimit != 1 || s.OrphanResponses != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestAssemblerConnLimit(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{MaxConns: 2}), &recorder{}
+	for i := uint64(1); i <= 3; i++ {
+		a.Add(reqEv(i, "/", 10*i), r)
+	}
+	if s := a.Stats(); s.DroppedConnLimit != 1 || s.OpenConns != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestAssemblerExpire(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{MaxAge: time.Second}), &recorder{}
+	sec := uint64(time.Second)
+	a.Add(reqEv(1, "/old", 1*sec), r)
+	a.Add(reqEv(1, "/new", 3*sec), r)
+	a.Expire(3*sec, r)
+	if len(r.done) != 1 || r.done[0].Path != "/old" || r.done[0].Err != ErrEvicted {
+		t.Fatalf("expire: %d done", len(r.done))
+	}
+	// The evicted request's response still consumes its slot.
+	a.Add(respEv(1, 200, 3*sec+5, 0), r)
+	a.Add(respEv(1, 201, 3*sec+6, 0), r)
+	if len(r.done) != 2 || r.done[1].Path != "/new" || r.done[1].Status != 201 {
+		t.Fatalf("after expire, /new paired wrongly")
+	}
+	// A connection left with only placeholders is forgotten once quiet.
+	a.Add(reqEv(2, "/gone", 4*sec), r)
+	a.Expire(10*sec, r)
+	if s := a.Stats(); s.OpenConns != 0 || s.Evicted != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestAssemblerDrain(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, "/a", 10), r)
+	a.Add(reqEv(2, "/b", 10), r)
+	a.Drain(50, ErrShutdown, r)
+	if len(r.done) != 2 || r.done[0].Err != ErrShutdown || r.done[0].RespEnd != 50 {
+		t.Fatalf("drain: %+v", r.done)
+	}
+}
+
+func TestClock(t *testing.T) {
+	c, err := NewClock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := c.Wall(c.NowMono())
+	if d := time.Since(now); d < -time.Millisecond || d > time.Second {
+		t.Errorf("Wall(NowMono()) is %v away from time.Now", d)
+	}
+	f := NewClockWithOffset(time.Duration(1e9))
+	if got := f.Wall(5); got.UnixNano() != 1e9+5 {
+		t.Errorf("fixed clock: %d", got.UnixNano())
+	}
+}

@@ -1,0 +1,96 @@
+//go:build linux
+
+package loader
+
+// Exported names for the kernel <-> userspace contract. The types are generated
+// by bpf2go from bpf/common/contract.h; these aliases are the only place Go
+// names them, so a field added in C appears here on the next `go generate`.
+
+import "unsafe"
+
+// HTTPEvent is one record of the gt_events ring buffer (struct http_event).
+type HTTPEvent = bpfHttpEvent
+
+// Target is a gt_targets value (struct gt_target).
+type Target = bpfGtTarget
+
+// Config is the gate configuration (struct gt_config).
+type Config = bpfGtConfig
+
+// RouteKey is a gt_routes key (struct gt_route_key).
+type RouteKey = bpfGtRouteKey
+
+// HTTPEventSize is the size in bytes of one ring-buffer record.
+const HTTPEventSize = int(unsafe.Sizeof(HTTPEvent{}))
+
+// Event kinds.
+const (
+	EvRequest  = uint8(bpfGtEventKindGT_EV_REQUEST)
+	EvResponse = uint8(bpfGtEventKindGT_EV_RESPONSE)
+	EvClose    = uint8(bpfGtEventKindGT_EV_CLOSE)
+)
+
+// Connection sides.
+const (
+	SideUnknown = uint8(bpfGtSideGT_SIDE_UNKNOWN)
+	SideServer  = uint8(bpfGtSideGT_SIDE_SERVER)
+	SideClient  = uint8(bpfGtSideGT_SIDE_CLIENT)
+)
+
+// Roles (Gym server types).
+const (
+	RoleUnknown      = uint8(bpfGtRoleGT_ROLE_UNKNOWN)
+	RoleAgent        = uint8(bpfGtRoleGT_ROLE_AGENT)
+	RoleModel        = uint8(bpfGtRoleGT_ROLE_MODEL)
+	RoleResources    = uint8(bpfGtRoleGT_ROLE_RESOURCES)
+	RoleOrchestrator = uint8(bpfGtRoleGT_ROLE_ORCHESTRATOR)
+)
+
+// HTTP methods.
+const (
+	MethodUnknown = uint8(bpfGtMethodGT_M_UNKNOWN)
+	MethodGET     = uint8(bpfGtMethodGT_M_GET)
+	MethodPOST    = uint8(bpfGtMethodGT_M_POST)
+	MethodPUT     = uint8(bpfGtMethodGT_M_PUT)
+	MethodDELETE  = uint8(bpfGtMethodGT_M_DELETE)
+	MethodPATCH   = uint8(bpfGtMethodGT_M_PATCH)
+	MethodHEAD    = uint8(bpfGtMethodGT_M_HEAD)
+	MethodOPTIONS = uint8(bpfGtMethodGT_M_OPTIONS)
+	MethodCONNECT = uint8(bpfGtMethodGT_M_CONNECT)
+	MethodTRACE   = uint8(bpfGtMethodGT_M_TRACE)
+)
+
+// Event flags.
+const (
+	FlagTraceparent   = uint16(bpfGtEventFlagGT_F_TRACEPARENT)
+	FlagPathTruncated = uint16(bpfGtEventFlagGT_F_PATH_TRUNCATED)
+	FlagEndByClose    = uint16(bpfGtEventFlagGT_F_END_BY_CLOSE)
+	FlagChunked       = uint16(bpfGtEventFlagGT_F_CHUNKED)
+	FlagUpgrade       = uint16(bpfGtEventFlagGT_F_UPGRADE)
+	FlagResync        = uint16(bpfGtEventFlagGT_F_RESYNC)
+	FlagConnError     = uint16(bpfGtEventFlagGT_F_CONN_ERROR)
+	FlagHost          = uint16(bpfGtEventFlagGT_F_HOST)
+	FlagRollout       = uint16(bpfGtEventFlagGT_F_ROLLOUT)
+	FlagHdrTruncated  = uint16(bpfGtEventFlagGT_F_HDR_TRUNCATED)
+	FlagBodyUnknown   = uint16(bpfGtEventFlagGT_F_BODY_UNKNOWN)
+)
+
+// Statistics slots in the per-CPU gt_stats array.
+const (
+	StatEmitted      = uint32(bpfGtStatGT_STAT_EMITTED)
+	StatDiscarded    = uint32(bpfGtStatGT_STAT_DISCARDED)
+	StatRingbufFull  = uint32(bpfGtStatGT_STAT_RINGBUF_FULL)
+	StatNotHTTP      = uint32(bpfGtStatGT_STAT_NOT_HTTP)
+	StatParseError   = uint32(bpfGtStatGT_STAT_PARSE_ERROR)
+	StatHdrTruncated = uint32(bpfGtStatGT_STAT_HDR_TRUNCATED)
+	StatConnFull     = uint32(bpfGtStatGT_STAT_CONN_FULL)
+	StatResync       = uint32(bpfGtStatGT_STAT_RESYNC)
+	StatSkippedBytes = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
+	StatMax          = uint32(bpfGtStatGT_STAT_MAX)
+)
+
+// Config flags.
+const (
+	CfgRolloutIDs = uint32(bpfGtConfigFlagGT_CFG_ROLLOUT_IDS)
+	CfgNoGate     = uint32(bpfGtConfigFlagGT_CFG_NO_GATE)
+)

@@ -1,0 +1,254 @@
+//go:build linux
+
+// Package loader loads gymtrace's BPF objects, attaches them, owns their maps
+// and reads the ring buffer. It knows nothing of spans: records leave it as
+// raw bytes for internal/http to decode.
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+// Options tune the kernel side. Zero values take the compiled-in defaults.
+type Options struct {
+	RingbufBytes int // power of two, multiple of the page size
+	MaxConns     int // connection-table entries (LRU)
+	Log          *slog.Logger
+}
+
+// Tracer is the loaded and attached kernel side.
+type Tracer struct {
+	objs  bpfObjects
+	links []link.Link
+	rd    *ringbuf.Reader
+	log   *slog.Logger
+
+	mu  sync.Mutex
+	cfg Config
+}
+
+// syscall tracepoints, in attach order. Only exits of the data syscalls are
+// hooked (arguments come from the saved registers), plus the entry of close.
+func (t *Tracer) tracepoints() []struct {
+	name string
+	prog *ebpf.Program
+} {
+	p := &t.objs.bpfPrograms
+	return []struct {
+		name string
+		prog *ebpf.Program
+	}{
+		{"sys_exit_read", p.GtExitRead},
+		{"sys_exit_recvfrom", p.GtExitRecvfrom},
+		{"sys_exit_readv", p.GtExitReadv},
+		{"sys_exit_recvmsg", p.GtExitRecvmsg},
+		{"sys_exit_write", p.GtExitWrite},
+		{"sys_exit_sendto", p.GtExitSendto},
+		{"sys_exit_writev", p.GtExitWritev},
+		{"sys_exit_sendmsg", p.GtExitSendmsg},
+		{"sys_enter_close", p.GtEnterClose},
+	}
+}
+
+// Load loads the BPF objects into the kernel and attaches every program.
+// Nothing is pinned: all of it goes away with the process, even on SIGKILL.
+func Load(opts Options) (*Tracer, error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("removing the memlock limit (needs CAP_SYS_RESOURCE on kernels before 5.11): %w", err)
+	}
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded BPF objects: %w", err)
+	}
+	if opts.RingbufBytes > 0 {
+		n := opts.RingbufBytes
+		if n&(n-1) != 0 || n < os.Getpagesize() {
+			return nil, fmt.Errorf("ring buffer size %d: must be a power of two and at least %d bytes", n, os.Getpagesize())
+		}
+		spec.Maps["gt_events"].MaxEntries = uint32(n)
+	}
+	if opts.MaxConns > 0 {
+		spec.Maps["gt_conns"].MaxEntries = uint32(opts.MaxConns)
+	}
+	t := &Tracer{log: log}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("loading BPF objects: the kernel's verifier refused them:\n%+v", ve)
+		}
+		return nil, fmt.Errorf("loading BPF objects: %w", err)
+	}
+	for _, tp := range t.tracepoints() {
+		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("attaching tracepoint syscalls/%s (is tracefs mounted at /sys/kernel/tracing? run `gymtrace check`): %w", tp.name, err)
+		}
+		t.links = append(t.links, l)
+	}
+	rd, err := ringbuf.NewReader(t.objs.GtEvents)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("opening the ring buffer: %w", err)
+	}
+	t.rd = rd
+	return t, nil
+}
+
+// SetGate writes the gate configuration. Every call bumps the generation, so
+// connections mid-message resynchronise at their next message start.
+func (t *Tracer) SetGate(mask uint64, serverPossible [8]uint64, clientPossible uint64, flags uint32) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cfg.Mask = mask
+	t.cfg.ServerPossible = serverPossible
+	t.cfg.ClientPossible = clientPossible
+	t.cfg.Flags = flags
+	t.cfg.Generation++
+	if err := t.objs.GtConfig.Put(uint32(0), &t.cfg); err != nil {
+		return fmt.Errorf("writing the span-group gate: %w", err)
+	}
+	return nil
+}
+
+// NewRouteKey builds a route-table key; paths longer than the key are cut.
+func NewRouteKey(role, method uint8, path string) RouteKey {
+	k := RouteKey{Role: role, Method: method}
+	copy(k.Path[:], path)
+	return k
+}
+
+// SetRoutes replaces the route table: (role, method, path) -> group bits.
+func (t *Tracer) SetRoutes(routes map[RouteKey]uint64) error {
+	var k RouteKey
+	var v uint64
+	var stale []RouteKey
+	it := t.objs.GtRoutes.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := routes[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	for _, k := range stale {
+		_ = t.objs.GtRoutes.Delete(k)
+	}
+	for k, v := range routes {
+		if err := t.objs.GtRoutes.Put(k, v); err != nil {
+			return fmt.Errorf("writing route %q: %w", string(k.Path[:]), err)
+		}
+	}
+	return nil
+}
+
+// AddTarget starts tracing a process (tgid in the initial PID namespace).
+func (t *Tracer) AddTarget(pid int, role uint8) error {
+	if pid <= 0 || pid >= 65536*64 {
+		return fmt.Errorf("pid %d is outside the traceable range 1..%d", pid, 65536*64-1)
+	}
+	if err := t.objs.GtTargets.Put(uint32(pid), Target{Role: role}); err != nil {
+		return fmt.Errorf("adding target %d: %w", pid, err)
+	}
+	return t.setBit(pid, true)
+}
+
+// RemoveTarget stops tracing a process.
+func (t *Tracer) RemoveTarget(pid int) error {
+	if pid <= 0 || pid >= 65536*64 {
+		return nil
+	}
+	if err := t.setBit(pid, false); err != nil {
+		return err
+	}
+	if err := t.objs.GtTargets.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("removing target %d: %w", pid, err)
+	}
+	return nil
+}
+
+func (t *Tracer) setBit(pid int, on bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	word := uint32(pid >> 6)
+	var bits uint64
+	if err := t.objs.GtTargetBits.Lookup(word, &bits); err != nil {
+		return fmt.Errorf("reading target bitmap: %w", err)
+	}
+	if on {
+		bits |= 1 << (pid & 63)
+	} else {
+		bits &^= 1 << (pid & 63)
+	}
+	if err := t.objs.GtTargetBits.Put(word, bits); err != nil {
+		return fmt.Errorf("writing target bitmap: %w", err)
+	}
+	return nil
+}
+
+// Stats sums the per-CPU counters; index with the Stat* constants.
+func (t *Tracer) Stats() ([]uint64, error) {
+	out := make([]uint64, StatMax)
+	var per []uint64
+	for i := uint32(0); i < StatMax; i++ {
+		if err := t.objs.GtStats.Lookup(i, &per); err != nil {
+			return nil, fmt.Errorf("reading kernel counters: %w", err)
+		}
+		for _, v := range per {
+			out[i] += v
+		}
+	}
+	return out, nil
+}
+
+// Read delivers ring-buffer records to fn until ctx ends or the tracer is
+// closed. The slice passed to fn is reused: fn must copy what it keeps.
+func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
+	stop := context.AfterFunc(ctx, func() { t.rd.Close() })
+	defer stop()
+	var rec ringbuf.Record
+	for {
+		if err := t.rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("reading the ring buffer: %w", err)
+		}
+		fn(rec.RawSample)
+	}
+}
+
+// Programs returns the loaded programs by name (for bpf_stats in benchmarks).
+func (t *Tracer) Programs() map[string]*ebpf.Program {
+	m := map[string]*ebpf.Program{}
+	for _, tp := range t.tracepoints() {
+		m[tp.name] = tp.prog
+	}
+	return m
+}
+
+// Close detaches every program and frees the maps.
+func (t *Tracer) Close() error {
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	t.links = nil
+	if t.rd != nil {
+		errs = append(errs, t.rd.Close())
+	}
+	errs = append(errs, t.objs.Close())
+	return errors.Join(errs...)
+}

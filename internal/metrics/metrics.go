@@ -1,0 +1,246 @@
+// Package metrics exposes gymtrace's own health as Prometheus metrics
+// (gymtrace_*), serves them with /healthz on --metrics-addr, and draws a live
+// status line on a terminal.
+//
+// Nothing here sits on the event path: every value is pulled from a provider
+// function at scrape time (the kernel's per-CPU counters, the export
+// pipeline's counters), so tracing pays nothing for being observable.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// ExportStats are the export pipeline's counters. The fields match
+// export.Stats, so metrics.ExportStats(pipeline.Stats()) converts directly.
+type ExportStats struct {
+	Exported uint64
+	Failed   uint64
+	Dropped  uint64
+	QueueLen int
+	QueueCap int
+}
+
+// Sources are the providers read at each scrape. A nil field is not exported.
+// Each must be cheap and safe to call from the HTTP server's goroutine.
+type Sources struct {
+	// EventsEmitted and EventsDiscarded are kernel events per span group:
+	// emitted to the ring buffer, and dropped by the group gate.
+	EventsEmitted   func() map[string]uint64
+	EventsDiscarded func() map[string]uint64
+	// RingbufReserveFailures counts records lost because the ring buffer was
+	// full.
+	RingbufReserveFailures func() uint64
+	// KernelCounters are other kernel statistics by reason: not_http,
+	// parse_error, resync, ...
+	KernelCounters func() map[string]uint64
+	// SpansBuilt counts spans made in userspace per group.
+	SpansBuilt func() map[string]uint64
+	// ParentUnresolved counts spans whose parent could not be joined.
+	ParentUnresolved func() uint64
+	Export           func() ExportStats
+	// TargetsAttached is the number of processes being traced now.
+	TargetsAttached func() int
+}
+
+// Metrics is gymtrace's metrics registry and health state.
+type Metrics struct {
+	reg   *prometheus.Registry
+	mu    sync.RWMutex
+	src   Sources
+	ready atomic.Bool
+}
+
+// New registers the gymtrace_* collector, plus the Go runtime and process
+// collectors (memory, CPU, file descriptors of gymtrace itself).
+func New(src Sources) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry(), src: src}
+	m.reg.MustRegister(&collector{m: m},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Update changes the sources, e.g. once the loader is up.
+func (m *Metrics) Update(f func(*Sources)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(&m.src)
+}
+
+// Registry is where the metrics live; callers may register more.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// SetReady makes /healthz answer 200: call it once probes are attached.
+func (m *Metrics) SetReady() { m.ready.Store(true) }
+
+// SetNotReady makes /healthz answer 503 again, e.g. while detaching.
+func (m *Metrics) SetNotReady() { m.ready.Store(false) }
+
+// Ready reports what /healthz answers.
+func (m *Metrics) Ready() bool { return m.ready.Load() }
+
+// Handler serves /metrics (Prometheus text or protobuf) and /healthz.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorHandling:     promhttp.ContinueOnError,
+		EnableOpenMetrics: true,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !m.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready: probes are not attached yet")
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// Server is the running metrics endpoint.
+type Server struct {
+	srv  *http.Server
+	ln   net.Listener
+	done chan struct{}
+}
+
+// Start listens on addr (host:port, ":9464", "127.0.0.1:0") now, so a port in
+// use is an error at startup, and serves in the background.
+func (m *Metrics) Start(addr string, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serving metrics on %q: %w (choose another --metrics-addr, or leave it empty to disable)", addr, err)
+	}
+	s := &Server{
+		srv: &http.Server{
+			Handler:           m.Handler(),
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       10 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       60 * time.Second,
+		},
+		ln:   ln,
+		done: make(chan struct{}),
+	}
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "component", "metrics", "error", err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the address the server listens on (useful with port 0).
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Shutdown stops the server, waiting for scrapes in progress while ctx allows.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		s.srv.Close()
+	}
+	<-s.done
+	if err != nil {
+		return fmt.Errorf("stopping the metrics server: %w", err)
+	}
+	return nil
+}
+
+var (
+	descEmitted = prometheus.NewDesc("gymtrace_events_emitted_total",
+		"Kernel HTTP events sent to the ring buffer, per span group.", []string{"group"}, nil)
+	descDiscarded = prometheus.NewDesc("gymtrace_events_discarded_total",
+		"Kernel HTTP events dropped by the span-group gate before any ring-buffer reservation, per span group.", []string{"group"}, nil)
+	descRingbuf = prometheus.NewDesc("gymtrace_ringbuf_reserve_failures_total",
+		"Ring-buffer reservations that failed because the buffer was full (records lost).", nil, nil)
+	descKernel = prometheus.NewDesc("gymtrace_kernel_events_total",
+		"Other kernel-side counters by reason (not_http, parse_error, resync, ...).", []string{"reason"}, nil)
+	descBuilt = prometheus.NewDesc("gymtrace_spans_built_total",
+		"Spans built in userspace, per span group.", []string{"group"}, nil)
+	descUnresolved = prometheus.NewDesc("gymtrace_parent_unresolved_total",
+		"Spans whose parent could not be joined (exported without it).", nil, nil)
+	descExported = prometheus.NewDesc("gymtrace_spans_exported_total",
+		"Spans the exporter accepted.", nil, nil)
+	descFailed = prometheus.NewDesc("gymtrace_spans_export_failed_total",
+		"Spans given up after export retries, or unsent at shutdown.", nil, nil)
+	descDropped = prometheus.NewDesc("gymtrace_spans_dropped_total",
+		"Spans dropped because the export queue was full.", nil, nil)
+	descQueueLen = prometheus.NewDesc("gymtrace_export_queue_length",
+		"Spans waiting to be exported, including a batch being retried.", nil, nil)
+	descQueueCap = prometheus.NewDesc("gymtrace_export_queue_capacity",
+		"Size of the export queue.", nil, nil)
+	descTargets = prometheus.NewDesc("gymtrace_targets_attached",
+		"Processes being traced.", nil, nil)
+	descReady = prometheus.NewDesc("gymtrace_ready",
+		"1 once probes are attached (what /healthz reports).", nil, nil)
+)
+
+// collector reads the sources at scrape time.
+type collector struct{ m *Metrics }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descKernel, descBuilt,
+		descUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descReady} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.RLock()
+	src := c.m.src
+	c.m.mu.RUnlock()
+
+	perLabel := func(d *prometheus.Desc, f func() map[string]uint64) {
+		if f == nil {
+			return
+		}
+		for k, v := range f() {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), k)
+		}
+	}
+	counter := func(d *prometheus.Desc, f func() uint64) {
+		if f != nil {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(f()))
+		}
+	}
+	perLabel(descEmitted, src.EventsEmitted)
+	perLabel(descDiscarded, src.EventsDiscarded)
+	perLabel(descKernel, src.KernelCounters)
+	perLabel(descBuilt, src.SpansBuilt)
+	counter(descRingbuf, src.RingbufReserveFailures)
+	counter(descUnresolved, src.ParentUnresolved)
+	if src.Export != nil {
+		s := src.Export()
+		ch <- prometheus.MustNewConstMetric(descExported, prometheus.CounterValue, float64(s.Exported))
+		ch <- prometheus.MustNewConstMetric(descFailed, prometheus.CounterValue, float64(s.Failed))
+		ch <- prometheus.MustNewConstMetric(descDropped, prometheus.CounterValue, float64(s.Dropped))
+		ch <- prometheus.MustNewConstMetric(descQueueLen, prometheus.GaugeValue, float64(s.QueueLen))
+		ch <- prometheus.MustNewConstMetric(descQueueCap, prometheus.GaugeValue, float64(s.QueueCap))
+	}
+	if src.TargetsAttached != nil {
+		ch <- prometheus.MustNewConstMetric(descTargets, prometheus.GaugeValue, float64(src.TargetsAttached()))
+	}
+	ready := 0.0
+	if c.m.ready.Load() {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
+}

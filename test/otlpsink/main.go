@@ -1,0 +1,116 @@
+// Command otlpsink is a real OTLP/gRPC trace receiver for gymtrace's tests.
+//
+// It serves the collector's own trace service (pdata's ptraceotlp) so tests
+// exercise the exporter against the same wire code a production OpenTelemetry
+// Collector runs, and appends every received span to a file as one JSON object
+// per line. The file is written once per Export request, before the request is
+// answered, so a test that saw the exporter succeed can read the spans at once.
+//
+// Usage:
+//
+//	otlpsink --listen 127.0.0.1:0 --out spans.jsonl [--fail-for 2s] [--delay 200ms]
+//
+// The first line on stdout is "listening HOST:PORT".
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "otlpsink: %v\n", err)
+		os.Exit(2)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout, logger); err != nil {
+		fmt.Fprintf(os.Stderr, "otlpsink: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	listen   string
+	out      string
+	failFor  time.Duration
+	delay    time.Duration
+	logLevel slog.Level
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("otlpsink", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:0", "address to serve OTLP/gRPC on (port 0 picks a free port)")
+	fs.StringVar(&cfg.out, "out", "", "file to append received spans to, one JSON object per line (required)")
+	fs.DurationVar(&cfg.failFor, "fail-for", 0, "answer UNAVAILABLE for this long after the first Export request, to simulate a collector outage")
+	fs.DurationVar(&cfg.delay, "delay", 0, "wait this long before answering each Export request, to simulate a slow collector")
+	verbose := fs.Bool("v", false, "log every Export request on stderr")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q: all options are flags, see --help", fs.Args())
+	}
+	if cfg.out == "" {
+		return cfg, errors.New("--out FILE is required: it is where received spans are written")
+	}
+	if cfg.failFor < 0 || cfg.delay < 0 {
+		return cfg, errors.New("--fail-for and --delay must not be negative")
+	}
+	cfg.logLevel = slog.LevelWarn
+	if *verbose {
+		cfg.logLevel = slog.LevelInfo
+	}
+	return cfg, nil
+}
+
+// run serves until ctx is cancelled. The "listening" line is written to stdout
+// only once the socket is bound, so a caller may connect as soon as it reads it.
+func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger) error {
+	out, err := os.OpenFile(cfg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("opening output file: %w", err)
+	}
+	defer out.Close()
+
+	s, err := newSink(cfg.listen, out, sinkOptions{failFor: cfg.failFor, delay: cfg.delay, logger: logger})
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(stdout, "listening %s\n", s.Addr()); err != nil {
+		s.Stop()
+		return fmt.Errorf("writing the listening line: %w", err)
+	}
+	if f, ok := stdout.(*os.File); ok {
+		_ = f.Sync()
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve() }()
+	select {
+	case <-ctx.Done():
+		s.Stop()
+		<-errc
+		st := s.Stats()
+		logger.Info("otlpsink stopped", "requests", st.Requests, "rejected", st.Rejected, "spans", st.Spans)
+		return nil
+	case err := <-errc:
+		return err
+	}
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	_ "google.golang.org/grpc/encoding/gzip" // exporters may send gzip (OTEL_EXPORTER_OTLP_COMPRESSION=gzip)
+	"google.golang.org/grpc/status"
+)
+
+// Span is one line of the output file. Field names follow gymtrace's own jsonl
+// exporter so the same test helpers read both.
+type Span struct {
+	Name              string         `json:"name"`
+	Kind              string         `json:"kind"`
+	TraceID           string         `json:"trace_id"`
+	SpanID            string         `json:"span_id"`
+	ParentSpanID      string         `json:"parent_span_id"`
+	StartTimeUnixNano uint64         `json:"start_time_unix_nano"`
+	EndTimeUnixNano   uint64         `json:"end_time_unix_nano"`
+	Attributes        map[string]any `json:"attributes"`
+	Resource          map[string]any `json:"resource"`
+	Status            Status         `json:"status"`
+	Links             []Link         `json:"links"`
+	Scope             string         `json:"scope"`
+}
+
+// Status is the span status; Code is UNSET, OK or ERROR.
+type Status struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Link is a span link.
+type Link struct {
+	TraceID    string         `json:"trace_id"`
+	SpanID     string         `json:"span_id"`
+	Attributes map[string]any `json:"attributes"`
+}
+
+// Stats counts what the sink has seen.
+type Stats struct {
+	Requests int64 // Export requests answered OK
+	Rejected int64 // Export requests answered UNAVAILABLE (--fail-for)
+	Spans    int64 // spans written
+}
+
+type sinkOptions struct {
+	failFor time.Duration
+	delay   time.Duration
+	logger  *slog.Logger
+}
+
+type sink struct {
+	ptraceotlp.UnimplementedGRPCServer
+
+	lis  net.Listener
+	srv  *grpc.Server
+	opts sinkOptions
+
+	mu  sync.Mutex // serialises writes so concurrent requests never interleave lines
+	out io.Writer
+
+	firstOnce sync.Once
+	firstAt   atomic.Int64 // unix nanos of the first Export request
+
+	requests, rejected, spans atomic.Int64
+}
+
+func newSink(listen string, out io.Writer, opts sinkOptions) (*sink, error) {
+	if opts.logger == nil {
+		opts.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s (use --listen HOST:PORT, port 0 for any free port): %w", listen, err)
+	}
+	s := &sink{lis: lis, out: out, opts: opts}
+	// The collector's OTLP receiver accepts large batches; the gRPC default of
+	// 4 MiB would reject a big exporter batch that a real collector takes.
+	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	ptraceotlp.RegisterGRPCServer(s.srv, s)
+	return s, nil
+}
+
+func (s *sink) Addr() net.Addr { return s.lis.Addr() }
+
+func (s *sink) Serve() error {
+	if err := s.srv.Serve(s.lis); err != nil && err != grpc.ErrServerStopped {
+		return fmt.Errorf("serving OTLP/gRPC: %w", err)
+	}
+	return nil
+}
+
+// Stop waits briefly for in-flight requests so their spans reach the file.
+func (s *sink) Stop() {
+	done := make(chan struct{})
+	go func() { s.srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		s.srv.Stop()
+	}
+}
+
+func (s *sink) Stats() Stats {
+	return Stats{Requests: s.requests.Load(), Rejected: s.rejected.Load(), Spans: s.spans.Load()}
+}
+
+// Export implements the OTLP trace service.
+func (s *sink) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
+	now := time.Now()
+	s.firstOnce.Do(func() { s.firstAt.Store(now.UnixNano()) })
+	if s.opts.failFor > 0 && now.Sub(time.Unix(0, s.firstAt.Load())) < s.opts.failFor {
+		s.rejected.Add(1)
+		s.opts.logger.Info("export rejected (--fail-for)", "spans", req.Traces().SpanCount())
+		return ptraceotlp.NewExportResponse(), status.Error(codes.Unavailable, "otlpsink: simulated outage (--fail-for)")
+	}
+	if s.opts.delay > 0 {
+		t := time.NewTimer(s.opts.delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ptraceotlp.NewExportResponse(), status.FromContextError(ctx.Err()).Err()
+		}
+	}
+
+	buf, n, err := encodeTraces(req.Traces())
+	if err != nil {
+		return ptraceotlp.NewExportResponse(), status.Errorf(codes.Internal, "otlpsink: encoding spans: %v", err)
+	}
+	s.mu.Lock()
+	_, err = s.out.Write(buf)
+	s.mu.Unlock()
+	if err != nil {
+		s.opts.logger.Error("writing spans failed", "err", err)
+		return ptraceotlp.NewExportResponse(), status.Errorf(codes.Internal, "otlpsink: writing spans: %v", err)
+	}
+	s.requests.Add(1)
+	s.spans.Add(int64(n))
+	s.opts.logger.Info("export received", "spans", n)
+	return ptraceotlp.NewExportResponse(), nil
+}
+
+// encodeTraces renders every span as one JSON line; the result is written with
+// a single Write so a reader never sees half a request.
+func encodeTraces(td ptrace.Traces) ([]byte, int, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	n := 0
+	rss := td.ResourceSpans()
+	for i := 0; i < rss.Len(); i++ {
+		rs := rss.At(i)
+		res := rs.Resource().Attributes().AsRaw()
+		sss := rs.ScopeSpans()
+		for j := 0; j < sss.Len(); j++ {
+			ss := sss.At(j)
+			scope := ss.Scope().Name()
+			spans := ss.Spans()
+			for k := 0; k < spans.Len(); k++ {
+				if err := enc.Encode(convertSpan(spans.At(k), res, scope)); err != nil {
+					return nil, 0, err
+				}
+				n++
+			}
+		}
+	}
+	return buf.Bytes(), n, nil
+}
+
+func convertSpan(sp ptrace.Span, res map[string]any, scope string) Span {
+	out := Span{
+		Name:              sp.Name(),
+		Kind:              kindName(sp.Kind()),
+		TraceID:           traceID(sp.TraceID()),
+		SpanID:            spanID(sp.SpanID()),
+		ParentSpanID:      spanID(sp.ParentSpanID()),
+		StartTimeUnixNano: uint64(sp.StartTimestamp()),
+		EndTimeUnixNano:   uint64(sp.EndTimestamp()),
+		Attributes:        sp.Attributes().AsRaw(),
+		Resource:          res,
+		Status:            Status{Code: statusName(sp.Status().Code()), Message: sp.Status().Message()},
+		Links:             []Link{},
+		Scope:             scope,
+	}
+	links := sp.Links()
+	for i := 0; i < links.Len(); i++ {
+		l := links.At(i)
+		out.Links = append(out.Links, Link{
+			TraceID:    traceID(l.TraceID()),
+			SpanID:     spanID(l.SpanID()),
+			Attributes: l.Attributes().AsRaw(),
+		})
+	}
+	return out
+}
+
+func traceID(id pcommon.TraceID) string {
+	if id.IsEmpty() {
+		return ""
+	}
+	return hex.EncodeToString(id[:])
+}
+
+func spanID(id pcommon.SpanID) string {
+	if id.IsEmpty() {
+		return ""
+	}
+	return hex.EncodeToString(id[:])
+}
+
+func kindName(k ptrace.SpanKind) string {
+	switch k {
+	case ptrace.SpanKindServer:
+		return "SERVER"
+	case ptrace.SpanKindClient:
+		return "CLIENT"
+	case ptrace.SpanKindInternal:
+		return "INTERNAL"
+	case ptrace.SpanKindProducer:
+		return "PRODUCER"
+	case ptrace.SpanKindConsumer:
+		return "CONSUMER"
+	default:
+		return "UNSPECIFIED"
+	}
+}
+
+func statusName(c ptrace.StatusCode) string {
+	switch c {
+	case ptrace.StatusCodeOk:
+		return "OK"
+	case ptrace.StatusCodeError:
+		return "ERROR"
+	default:
+		return "UNSET"
+	}
+}

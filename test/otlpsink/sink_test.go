@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// startSink serves a sink on a free port until the test ends.
+func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
+	t.Helper()
+	out, err := os.OpenFile(cfg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSink(cfg.listen, out, sinkOptions{failFor: cfg.failFor, delay: cfg.delay})
+	if err != nil {
+		t.Fatalf("starting sink: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	t.Cleanup(func() {
+		s.Stop()
+		if err := <-done; err != nil {
+			t.Errorf("sink: %v", err)
+		}
+		out.Close()
+	})
+	return s.Addr().String(), s.Stats
+}
+
+func newProvider(t *testing.T, addr string, svc string, retry bool) *sdktrace.TracerProvider {
+	t.Helper()
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(addr), otlptracegrpc.WithInsecure()}
+	if retry {
+		opts = append(opts, otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{
+			Enabled: true, InitialInterval: 50 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxElapsedTime: 20 * time.Second,
+		}))
+	} else {
+		opts = append(opts, otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}))
+	}
+	exp, err := otlptracegrpc.New(context.Background(), opts...)
+	if err != nil {
+		t.Fatalf("creating exporter: %v", err)
+	}
+	res := resource.NewSchemaless(
+		attribute.String("service.name", svc),
+		attribute.String("nemo.gym.server.type", "responses_api_agents"),
+		attribute.Int("process.pid", 4242),
+	)
+	// The syncer exports on End, so once End returns the spans are in the file.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithResource(res))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp
+}
+
+func readSpans(t *testing.T, path string) []Span {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("opening sink output: %v", err)
+	}
+	defer f.Close()
+	var out []Span
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var s Span
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			t.Fatalf("line %q is not a span: %v", sc.Text(), err)
+		}
+		out = append(out, s)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestExportWritesEverySpanAsJSON(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "spans.jsonl")
+	addr, stats := startSink(t, config{listen: "127.0.0.1:0", out: out})
+	tp := newProvider(t, addr, "nemo-gym/simple_agent", false)
+	tr := tp.Tracer("gymtrace-test")
+
+	ctx, server := tr.Start(context.Background(), "POST /run", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.request.method", "POST"), attribute.Int("http.response.status_code", 200)))
+	_, rollout := tr.Start(ctx, "gym.rollout", trace.WithAttributes(attribute.String("nemo.gym.rollout.id", "3-1")))
+	linked := trace.Link{SpanContext: server.SpanContext(), Attributes: []attribute.KeyValue{attribute.String("why", "test")}}
+	_, client := tr.Start(ctx, "HTTP POST", trace.WithSpanKind(trace.SpanKindClient), trace.WithLinks(linked),
+		trace.WithAttributes(attribute.String("url.full", "http://127.0.0.1:1/verify"), attribute.Bool("b", true), attribute.Float64("f", 1.5)))
+	client.SetStatus(codes.Error, "connection reset")
+	client.End()
+	rollout.End()
+	server.End()
+
+	spans := readSpans(t, out)
+	if len(spans) != 3 {
+		t.Fatalf("got %d spans, want 3: %+v", len(spans), spans)
+	}
+	byName := map[string]Span{}
+	for _, s := range spans {
+		byName[s.Name] = s
+	}
+	srv, ro, cl := byName["POST /run"], byName["gym.rollout"], byName["HTTP POST"]
+
+	if srv.Kind != "SERVER" || ro.Kind != "INTERNAL" || cl.Kind != "CLIENT" {
+		t.Errorf("kinds = %s/%s/%s, want SERVER/INTERNAL/CLIENT", srv.Kind, ro.Kind, cl.Kind)
+	}
+	if srv.ParentSpanID != "" {
+		t.Errorf("root parent_span_id = %q, want empty", srv.ParentSpanID)
+	}
+	if ro.ParentSpanID != srv.SpanID || cl.ParentSpanID != srv.SpanID {
+		t.Errorf("parents = %q,%q want %q", ro.ParentSpanID, cl.ParentSpanID, srv.SpanID)
+	}
+	if want := server.SpanContext().TraceID().String(); srv.TraceID != want || cl.TraceID != want {
+		t.Errorf("trace ids %q/%q, want %q", srv.TraceID, cl.TraceID, want)
+	}
+	if len(srv.SpanID) != 16 || len(srv.TraceID) != 32 {
+		t.Errorf("ids not hex: span %q trace %q", srv.SpanID, srv.TraceID)
+	}
+	if srv.StartTimeUnixNano == 0 || srv.EndTimeUnixNano < srv.StartTimeUnixNano {
+		t.Errorf("bad times %d..%d", srv.StartTimeUnixNano, srv.EndTimeUnixNano)
+	}
+	// JSON numbers decode as float64.
+	if got := srv.Attributes["http.response.status_code"]; got != float64(200) {
+		t.Errorf("status code attribute = %v (%T)", got, got)
+	}
+	if cl.Attributes["b"] != true || cl.Attributes["f"] != 1.5 || cl.Attributes["url.full"] != "http://127.0.0.1:1/verify" {
+		t.Errorf("client attributes = %v", cl.Attributes)
+	}
+	if ro.Attributes["nemo.gym.rollout.id"] != "3-1" {
+		t.Errorf("rollout attributes = %v", ro.Attributes)
+	}
+	if srv.Resource["service.name"] != "nemo-gym/simple_agent" || srv.Resource["process.pid"] != float64(4242) {
+		t.Errorf("resource = %v", srv.Resource)
+	}
+	if cl.Status != (Status{Code: "ERROR", Message: "connection reset"}) || srv.Status.Code != "UNSET" {
+		t.Errorf("status client=%+v server=%+v", cl.Status, srv.Status)
+	}
+	if len(cl.Links) != 1 || cl.Links[0].SpanID != srv.SpanID || cl.Links[0].Attributes["why"] != "test" {
+		t.Errorf("links = %+v", cl.Links)
+	}
+	if len(srv.Links) != 0 || srv.Links == nil {
+		t.Errorf("server links = %#v, want empty list", srv.Links)
+	}
+	if st := stats(); st.Spans != 3 || st.Requests != 3 || st.Rejected != 0 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestFailForAnswersUnavailableThenAccepts(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "spans.jsonl")
+	addr, stats := startSink(t, config{listen: "127.0.0.1:0", out: out, failFor: 500 * time.Millisecond})
+
+	// Without retry the exporter must see the outage as UNAVAILABLE.
+	exp, err := otlptracegrpc.New(context.Background(), otlptracegrpc.WithEndpoint(addr), otlptracegrpc.WithInsecure(),
+		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exp.Shutdown(context.Background())
+	rec := tracetest.NewSpanRecorder()
+	_, sp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("t").Start(context.Background(), "lost")
+	sp.End()
+	start := time.Now()
+	err = exp.ExportSpans(context.Background(), rec.Ended())
+	if err == nil || !strings.Contains(err.Error(), "Unavailable") {
+		t.Fatalf("export during --fail-for: err = %v, want Unavailable", err)
+	}
+
+	// With retry (the exporter's default behaviour) the span arrives after the outage.
+	retry := newProvider(t, addr, "nemo-gym/a", true)
+	_, sp = retry.Tracer("t").Start(context.Background(), "kept")
+	sp.End()
+	if time.Since(start) < 500*time.Millisecond {
+		t.Errorf("export succeeded after %v, before the outage ended", time.Since(start))
+	}
+	spans := readSpans(t, out)
+	if len(spans) != 1 || spans[0].Name != "kept" {
+		t.Fatalf("spans = %+v, want only the retried one", spans)
+	}
+	if st := stats(); st.Rejected < 2 || st.Requests != 1 {
+		t.Errorf("stats = %+v, want >=2 rejected and 1 accepted", st)
+	}
+}
+
+func TestDelaySlowsEachExport(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "spans.jsonl")
+	addr, _ := startSink(t, config{listen: "127.0.0.1:0", out: out, delay: 300 * time.Millisecond})
+	tp := newProvider(t, addr, "nemo-gym/m", false)
+	start := time.Now()
+	_, sp := tp.Tracer("t").Start(context.Background(), "slow")
+	sp.End()
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("export took %v, want >= --delay 300ms", d)
+	}
+	if spans := readSpans(t, out); len(spans) != 1 {
+		t.Fatalf("got %d spans, want 1", len(spans))
+	}
+}
+
+func TestRunPrintsListeningLineFirst(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "spans.jsonl")
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, config{listen: "127.0.0.1:0", out: out}, pw, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading first stdout line: %v", err)
+	}
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening 127.0.0.1:")
+	if !ok || addr == "0" || addr == "" {
+		t.Fatalf("first line = %q, want \"listening 127.0.0.1:PORT\"", line)
+	}
+	tp := newProvider(t, "127.0.0.1:"+addr, "nemo-gym/r", false)
+	_, sp := tp.Tracer("t").Start(context.Background(), "POST /verify", trace.WithSpanKind(trace.SpanKindServer))
+	sp.End()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if spans := readSpans(t, out); len(spans) != 1 || spans[0].Kind != "SERVER" {
+		t.Fatalf("spans = %+v", spans)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	if _, err := parseFlags(nil, io.Discard); err == nil || !strings.Contains(err.Error(), "--out") {
+		t.Errorf("missing --out: err = %v, want one naming --out", err)
+	}
+	cfg, err := parseFlags([]string{"--out", "x", "--fail-for", "2s", "--delay", "10ms"}, io.Discard)
+	if err != nil || cfg.failFor != 2*time.Second || cfg.delay != 10*time.Millisecond || cfg.listen != "127.0.0.1:0" {
+		t.Errorf("cfg = %+v err = %v", cfg, err)
+	}
+	if _, err := parseFlags([]string{"--out", "x", "extra"}, io.Discard); err == nil {
+		t.Error("stray argument accepted")
+	}
+}

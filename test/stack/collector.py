@@ -1,0 +1,159 @@
+"""Gym-shaped rollout collector, like ng_collect_rollouts.
+
+Sends one POST /run per row to the agent with at most --concurrency in flight
+(asyncio.Semaphore), all over ONE keep-alive aiohttp ClientSession, then
+prints a one-line JSON summary on stdout and exits (0 when every rollout
+succeeded, 1 otherwise).
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+import stacklib
+
+ROUTES = ["responses", "chat_completions", "messages"]
+
+
+def build_rows(a):
+    rows = []
+    for i in range(a.rollouts):
+        row = {
+            "_ng_task_index": i // a.repeats,
+            "_ng_rollout_index": i % a.repeats,
+            "responses_create_params": {"input": [{"role": "user", "content": f"What is the weather? (task {i // a.repeats})"}]},
+        }
+        if a.attempt_index is not None:
+            row["_ng_attempt_index"] = a.attempt_index
+        if a.explicit_ids:
+            row["_ng_rollout_id"] = f"r{i:05d}"
+        knobs = {"turns": a.turns}
+        knobs["model_route"] = ROUTES[i % 3] if a.model_route == "mixed" else a.model_route
+        if a.stream:
+            knobs["stream"] = True
+        if a.prefix == "all" or (a.prefix == "mixed" and i % 2 == 1):
+            knobs["prefix"] = True
+        if a.sandbox:
+            knobs["sandbox"] = a.sandbox
+            knobs["sandbox_rc"] = a.sandbox_rc
+        if a.verify_sandbox:
+            knobs["verify_sandbox"] = a.verify_sandbox
+        if a.fail_every and (i + 1) % a.fail_every == 0:
+            knobs["fail"] = 500
+        row["gt"] = knobs
+        rows.append(row)
+    return rows
+
+
+def agent_url_from_config(name):
+    raw = os.environ.get("NEMO_GYM_CONFIG_DICT")
+    if not raw:
+        raise SystemExit("no agent: pass --agent-url http://HOST:PORT, or set NEMO_GYM_CONFIG_DICT and --agent-name")
+    import yaml
+    cfg = yaml.safe_load(raw)
+    fake = stacklib.ServerConfig("collector", "orchestrator", "collector", {}, cfg)
+    return fake.url_of(name)
+
+
+async def collect(a, rows):
+    truth = stacklib.Truth(a.truth, "collector", "orchestrator")
+    client = stacklib.GymClient(truth, max_retries=a.max_retries)
+    await client.start()
+    sem = asyncio.Semaphore(a.concurrency)
+    results = []
+
+    async def one(row):
+        rid = stacklib.gym_rollout_id(row)
+        async with sem:
+            t0 = time.perf_counter()
+            try:
+                r = await client.post(a.agent_url + "/run", cause=None, json_body=row, rollout_id=rid)
+                ok = r.status == 200
+                res = {"rollout_id": rid, "status": r.status,
+                       "reward": r.body.get("reward") if ok and isinstance(r.body, dict) else None}
+                if not ok:
+                    res["error"] = json.dumps(r.body)[:300]
+            except Exception as e:  # a dead agent must show up in the summary, not as a traceback
+                res = {"rollout_id": rid, "status": None, "reward": None, "error": f"{type(e).__name__}: {e}"}
+            res["duration_s"] = round(time.perf_counter() - t0, 6)
+            results.append(res)
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(one(r) for r in rows))
+        elapsed = time.perf_counter() - t0
+        aggregate = None
+        if a.aggregate:
+            r = await client.post(a.agent_url + "/aggregate_metrics", cause=None, json_body={"rollouts": len(rows)})
+            aggregate = r.body
+    finally:
+        await client.close()
+        truth.close()
+    return results, elapsed, aggregate
+
+
+def main():
+    p = argparse.ArgumentParser(description="Gym-shaped rollout collector (ng_collect_rollouts) for gymtrace tests")
+    p.add_argument("--agent-url", help="agent base URL, e.g. http://127.0.0.1:12001")
+    p.add_argument("--agent-name", default="simple_weather_simple_agent",
+                   help="with NEMO_GYM_CONFIG_DICT set and no --agent-url: the agent's server name")
+    p.add_argument("--rollouts", type=int, default=8, help="number of /run requests (rows)")
+    p.add_argument("--concurrency", type=int, default=4, help="max /run requests in flight")
+    p.add_argument("--repeats", type=int, default=1, help="rollouts per task: row i is task i//R, rollout i%%R")
+    p.add_argument("--attempt-index", type=int, help="set _ng_attempt_index on every row (rollout id gets -aN)")
+    p.add_argument("--explicit-ids", action="store_true", help="set _ng_rollout_id=rNNNNN on every row")
+    p.add_argument("--turns", type=int, default=2, help="model+tool turns per rollout")
+    p.add_argument("--model-route", choices=ROUTES + ["mixed", "cycle"], default="responses",
+                   help="model route; mixed = by rollout, cycle = by turn")
+    p.add_argument("--stream", action="store_true", help="model answers as SSE streams")
+    p.add_argument("--prefix", choices=["none", "all", "mixed"], default="none",
+                   help="call /ng-rollout/<id>/... paths (mixed = odd rollouts)")
+    p.add_argument("--sandbox", choices=["docker", "apptainer", "enroot"],
+                   help="each rollout starts a sandbox and execs in it every turn (via resources /run_sandbox)")
+    p.add_argument("--sandbox-rc", type=int, default=0, help="exit code the sandbox exec command asks for")
+    p.add_argument("--verify-sandbox", choices=["docker", "apptainer", "enroot"], help="/verify execs in a sandbox")
+    p.add_argument("--fail-every", type=int, default=0, help="every Nth rollout's first model call answers 500")
+    p.add_argument("--aggregate", action="store_true", help="POST /aggregate_metrics to the agent at the end")
+    p.add_argument("--max-retries", type=int, default=20, help="retries per call on dropped connections (Gym: forever)")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    p.add_argument("--results", help="write one JSON line per rollout here")
+    p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"), help="ground-truth file (append)")
+    a = p.parse_args()
+    if a.rollouts < 0 or a.concurrency < 1 or a.repeats < 1:
+        p.error("--rollouts must be >= 0, --concurrency and --repeats >= 1")
+    if not a.agent_url:
+        a.agent_url = agent_url_from_config(a.agent_name)
+    a.agent_url = a.agent_url.rstrip("/")
+
+    rows = build_rows(a)
+    if a.loop == "uvloop":
+        import uvloop
+        uvloop.install()
+    results, elapsed, aggregate = asyncio.run(collect(a, rows))
+
+    ok = sum(1 for r in results if r["status"] == 200)
+    rewards = [r["reward"] for r in results if r["reward"] is not None]
+    summary = {
+        "event": "summary", "rollouts": len(rows), "ok": ok, "failed": len(rows) - ok,
+        "concurrency": a.concurrency, "elapsed_s": round(elapsed, 4),
+        "rollouts_per_s": round(len(rows) / elapsed, 2) if elapsed > 0 else None,
+        "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        "rollout_ids": [stacklib.gym_rollout_id(r) for r in rows],
+        "errors": [r for r in results if r["status"] != 200][:5],
+        "pid": os.getpid(),
+    }
+    if aggregate is not None:
+        summary["aggregate"] = aggregate
+    if a.results:
+        with open(a.results, "w") as f:
+            for r in sorted(results, key=lambda r: str(r["rollout_id"])):
+                f.write(json.dumps(r) + "\n")
+    print(json.dumps(summary), flush=True)
+    sys.exit(0 if ok == len(rows) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,479 @@
+"""Shared plumbing for the Gym-shaped test stack.
+
+Everything here mirrors how NeMo Gym's servers behave on the wire: config from
+NEMO_GYM_CONFIG_DICT / NEMO_GYM_CONFIG_PATH, one global keep-alive aiohttp
+ClientSession per process with a dummy cookie jar (cookies are forwarded by
+hand on every hop), JSON bodies, uvicorn with timeout_keep_alive=30, and a
+retry on dropped connections.
+
+The ground-truth log ("truth") is the only thing here Gym does not have. Its
+ids live in the ASGI scope and in Python arguments only: they are never put on
+the wire, in headers or in bodies, so a tracer cannot learn them.
+"""
+
+import argparse
+import asyncio
+import contextvars
+import itertools
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+import aiohttp
+import yaml
+
+SERVER_TYPES = {
+    "agent": "responses_api_agents",
+    "model": "responses_api_models",
+    "resources": "resources_servers",
+}
+
+ROLLOUT_PREFIX_RE = re.compile(r"^/ng-rollout/([^/]+)(/.*)$")
+
+# Gym retries dropped connections forever with 0.5 s sleeps; tests need an end.
+RETRY_SLEEP_S = 0.5
+
+
+def now_ns():
+    return time.time_ns()
+
+
+def mono_ns():
+    # CLOCK_MONOTONIC, the clock bpf_ktime_get_ns() reads: lets a scorer match
+    # kernel timestamps without wall-clock conversion error.
+    return time.monotonic_ns()
+
+
+# --------------------------------------------------------------------------
+# Config, the way Gym passes it to each server process.
+
+
+def host_for_url(host):
+    return f"[{host}]" if ":" in host else host
+
+
+class ServerConfig:
+    """This process's entry in the Gym global config dict."""
+
+    def __init__(self, name, server_type, impl, fields, global_cfg):
+        self.name = name
+        self.type = server_type
+        self.impl = impl
+        self.fields = fields
+        self.global_cfg = global_cfg
+
+    @property
+    def host(self):
+        return self.fields.get("host", "127.0.0.1")
+
+    @property
+    def port(self):
+        return int(self.fields["port"])
+
+    def url_of(self, ref):
+        """Base URL of a server referenced as {type: ..., name: ...} or by name."""
+        name = ref["name"] if isinstance(ref, dict) else ref
+        entry = self.global_cfg.get(name)
+        if not isinstance(entry, dict) or not entry:
+            raise SystemExit(
+                f"config error: server {name!r} is referenced by {self.name!r} but is not a "
+                f"top-level key of NEMO_GYM_CONFIG_DICT (keys: {sorted(self.global_cfg)})"
+            )
+        _, (_, fields) = _unwrap(entry)
+        return f"http://{host_for_url(fields.get('host', '127.0.0.1'))}:{int(fields['port'])}"
+
+
+def _unwrap(entry):
+    server_type = next(iter(entry))
+    inner = entry[server_type]
+    impl = next(iter(inner))
+    return server_type, (impl, inner[impl])
+
+
+def load_server_config(kind, args):
+    """Read NEMO_GYM_CONFIG_DICT (YAML or JSON) and NEMO_GYM_CONFIG_PATH.
+
+    Without them the server runs from flags alone (--name, --host, --port and
+    --peers), which is handy when a test starts one server by hand.
+    """
+    raw = os.environ.get("NEMO_GYM_CONFIG_DICT")
+    name = os.environ.get("NEMO_GYM_CONFIG_PATH")
+    if raw and name:
+        try:
+            global_cfg = yaml.safe_load(raw)  # JSON is valid YAML
+        except yaml.YAMLError as e:
+            raise SystemExit(f"config error: NEMO_GYM_CONFIG_DICT is neither YAML nor JSON: {e}")
+        if name not in global_cfg:
+            raise SystemExit(
+                f"config error: NEMO_GYM_CONFIG_PATH={name!r} is not a top-level key of "
+                f"NEMO_GYM_CONFIG_DICT (keys: {sorted(global_cfg)})"
+            )
+        server_type, (impl, fields) = _unwrap(global_cfg[name])
+        if server_type != SERVER_TYPES[kind]:
+            raise SystemExit(
+                f"config error: {name!r} has type {server_type!r} but this entry point serves "
+                f"{SERVER_TYPES[kind]!r}"
+            )
+        fields = dict(fields)
+    else:
+        if args.port is None:
+            raise SystemExit(
+                "no config: set NEMO_GYM_CONFIG_DICT and NEMO_GYM_CONFIG_PATH as Gym does, "
+                "or pass --port (and --peers for the agent)"
+            )
+        name = args.name or {"agent": "simple_agent", "model": "policy_model", "resources": "simple_weather"}[kind]
+        server_type, impl = SERVER_TYPES[kind], kind
+        fields = {}
+        global_cfg = {name: {server_type: {impl: fields}}}
+        for peer in (args.peers or "").split(","):
+            if not peer:
+                continue
+            pkind, _, addr = peer.partition("=")
+            host, _, port = addr.rpartition(":")
+            pname = {"model": "policy_model", "resources": "simple_weather"}.get(pkind, pkind)
+            global_cfg[pname] = {SERVER_TYPES[pkind]: {pkind: {"host": host.strip("[]"), "port": int(port)}}}
+            fields[f"{pkind}_server"] = {"type": SERVER_TYPES[pkind], "name": pname}
+    if args.host is not None:
+        fields["host"] = args.host
+    if args.port is not None:
+        fields["port"] = args.port
+    fields.setdefault("host", "127.0.0.1")
+    return ServerConfig(name, server_type, impl, fields, global_cfg)
+
+
+def server_arg_parser(kind):
+    p = argparse.ArgumentParser(description=f"Gym-shaped {SERVER_TYPES[kind]} server for gymtrace tests")
+    p.add_argument("--host", help="bind address (default: from config, else 127.0.0.1); ::1 for IPv6")
+    p.add_argument("--port", type=int, help="port (default: from config)")
+    p.add_argument("--name", help="server name when no NEMO_GYM_CONFIG_PATH is set")
+    p.add_argument("--peers", help="without Gym config: model=HOST:PORT,resources=HOST:PORT")
+    p.add_argument("--http", choices=["h11", "httptools"], default="h11", help="uvicorn HTTP implementation")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop")
+    p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"),
+                   help="append ground-truth JSON lines here (default: $GYMTRACE_TEST_TRUTH)")
+    return p
+
+
+# --------------------------------------------------------------------------
+# Ground truth.
+
+
+class Truth:
+    """Buffered JSON-lines writer; each flush is one O_APPEND write.
+
+    One write per flush keeps lines from several processes sharing the file
+    whole (regular-file writes hold the inode lock) and keeps the file's own
+    syscalls rare next to the socket traffic being traced.
+    """
+
+    def __init__(self, path, server, server_type):
+        self.server = server
+        self.type = server_type
+        self.pid = os.getpid()
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
+        self.buf = []
+        self._in_ids = itertools.count(1)
+        self._out_ids = itertools.count(1)
+
+    @property
+    def enabled(self):
+        return self.fd is not None
+
+    def new_inbound_id(self):
+        return f"{self.server}/{self.pid}/i{next(self._in_ids)}"
+
+    def new_outbound_id(self):
+        return f"{self.server}/{self.pid}/o{next(self._out_ids)}"
+
+    def emit(self, rec):
+        if self.fd is None:
+            return
+        rec.setdefault("server", self.server)
+        rec.setdefault("type", self.type)
+        rec.setdefault("pid", self.pid)
+        self.buf.append(json.dumps(rec, separators=(",", ":")))
+        if len(self.buf) >= 256:
+            self.flush()
+
+    def flush(self):
+        if self.fd is None or not self.buf:
+            return
+        data = ("\n".join(self.buf) + "\n").encode()
+        self.buf = []
+        while data:
+            n = os.write(self.fd, data)
+            data = data[n:]
+
+    async def flusher(self):
+        while True:
+            await asyncio.sleep(0.2)
+            self.flush()
+
+    def close(self):
+        self.flush()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def addr_pair(sockaddr):
+    if not sockaddr:
+        return None
+    return [sockaddr[0], sockaddr[1]]
+
+
+class TruthMiddleware:
+    """Outermost pure-ASGI middleware: gives each inbound request a local id.
+
+    Pure ASGI (not BaseHTTPMiddleware) so it adds no task of its own: the
+    request still runs in the task uvicorn created for it.
+    """
+
+    def __init__(self, app, truth):
+        self.app = app
+        self.truth = truth
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = self.truth.new_inbound_id()
+        scope["gt_inbound"] = rid
+        path = scope["path"]
+        method = scope["method"]
+        status = [None]
+        end = [None, None]
+        body_left = [None]  # bytes still to send when Content-Length is known
+
+        async def send_status(message):
+            # The end time is taken before the last body byte is handed to the
+            # socket, so the caller's own end time is always later: an inbound
+            # request lies inside the outbound call that produced it. With a
+            # Content-Length that is when the counted bytes are all out (a
+            # BaseHTTPMiddleware sends an empty final message after them).
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                for k, v in message.get("headers", ()):
+                    if k.lower() == b"content-length":
+                        body_left[0] = int(v)
+            elif message["type"] == "http.response.body" and end[0] is None:
+                if body_left[0] is not None:
+                    body_left[0] -= len(message.get("body", b""))
+                if (body_left[0] is not None and body_left[0] <= 0) or not message.get("more_body", False):
+                    end[0], end[1] = now_ns(), mono_ns()
+            await send(message)
+
+        t0, m0 = now_ns(), mono_ns()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if self.truth.enabled:
+                route = scope.get("route")
+                self.truth.emit({
+                    "ev": "in", "id": rid, "method": method, "path": path,
+                    "route": getattr(route, "path", None),
+                    "local": addr_pair(scope.get("server")), "peer": addr_pair(scope.get("client")),
+                    "status": status[0] if status[0] is not None else 500,
+                    "rollout_id": scope.get("gt_rollout_id"),
+                    "t_start": t0, "t_end": end[0] or now_ns(), "mono_start": m0, "mono_end": end[1] or mono_ns(),
+                })
+
+
+class StripRolloutPrefix:
+    """Model and resources servers serve /ng-rollout/<id>/X as /X, as Gym does."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            m = ROLLOUT_PREFIX_RE.match(scope["path"])
+            if m:
+                # In place, so the outer truth middleware still sees the
+                # route FastAPI records in the scope.
+                scope["gt_rollout_id"] = m.group(1)
+                scope["path"] = m.group(2)
+                scope["raw_path"] = m.group(2).encode()
+        await self.app(scope, receive, send)
+
+
+# --------------------------------------------------------------------------
+# The HTTP client: one global keep-alive session per process.
+
+
+# The socket a call went out on. aiohttp releases a connection as soon as a
+# small body has arrived, often before the caller sees the response, so the
+# address is taken when the connector hands the connection out. connect() runs
+# in the calling task, so a ContextVar set there is visible to the caller and
+# to no concurrent call (each asyncio task has its own context).
+_CALL_SOCKET = contextvars.ContextVar("gt_call_socket", default=None)
+
+
+class TruthConnector(aiohttp.TCPConnector):
+    async def connect(self, req, traces, timeout):
+        conn = await super().connect(req, traces, timeout)
+        transport = conn.transport
+        if transport is not None:
+            _CALL_SOCKET.set((addr_pair(transport.get_extra_info("sockname")),
+                              addr_pair(transport.get_extra_info("peername"))))
+        return conn
+
+
+class Reply:
+    __slots__ = ("status", "body", "cookies")
+
+    def __init__(self, status, body, cookies):
+        self.status = status
+        self.body = body
+        self.cookies = cookies
+
+
+class GymClient:
+    def __init__(self, truth, max_retries=20):
+        self.truth = truth
+        self.max_retries = max_retries
+        self.session = None
+
+    async def start(self):
+        # Gym: unbounded pool, no client timeout, cookies forwarded by hand.
+        self.session = aiohttp.ClientSession(
+            connector=TruthConnector(limit=0),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+
+    async def close(self):
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def request(self, method, url, *, cause, json_body=None, cookies=None, stream=False, rollout_id=None):
+        """One Gym hop. cause is the truth id of the inbound request whose
+        handler makes this call (None for the collector)."""
+        attempt = 0
+        while True:
+            oid = self.truth.new_outbound_id()
+            t0, m0 = now_ns(), mono_ns()
+            local = remote = None
+            _CALL_SOCKET.set(None)
+            try:
+                kwargs = {"cookies": cookies or None}
+                if json_body is not None:
+                    kwargs["json"] = json_body
+                async with self.session.request(method, url, **kwargs) as resp:
+                    local, remote = _CALL_SOCKET.get() or (None, None)
+                    if stream and resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                        body = await read_sse(resp)
+                    else:
+                        raw = await resp.read()
+                        try:
+                            body = json.loads(raw) if raw else None
+                        except ValueError:
+                            body = {"raw": raw[:200].decode("utf-8", "replace")}
+                    rcookies = {k: v.value for k, v in resp.cookies.items()}
+                    status = resp.status
+            except aiohttp.ClientConnectionError as e:
+                local, remote = _CALL_SOCKET.get() or (None, None)
+                self._emit_out(oid, cause, method, url, local, remote, None, type(e).__name__, t0, m0, attempt, rollout_id)
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise
+                await asyncio.sleep(RETRY_SLEEP_S)
+                continue
+            self._emit_out(oid, cause, method, url, local, remote, status, None, t0, m0, attempt, rollout_id)
+            return Reply(status, body, rcookies)
+
+    def _emit_out(self, oid, cause, method, url, local, remote, status, error, t0, m0, attempt, rollout_id):
+        if not self.truth.enabled:
+            return
+        u = aiohttp.client.URL(url)
+        self.truth.emit({
+            "ev": "out", "id": oid, "cause": cause, "method": method, "url": url, "path": u.path,
+            "local": local, "remote": remote, "status": status, "error": error, "attempt": attempt,
+            "rollout_id": rollout_id,
+            "t_start": t0, "t_end": now_ns(), "mono_start": m0, "mono_end": mono_ns(),
+        })
+
+    async def post(self, url, *, cause, json_body, cookies=None, stream=False, rollout_id=None):
+        return await self.request("POST", url, cause=cause, json_body=json_body, cookies=cookies,
+                                  stream=stream, rollout_id=rollout_id)
+
+
+async def read_sse(resp):
+    """Collect an SSE stream; returns the last JSON data payload plus a count."""
+    events = 0
+    last = None
+    async for line in resp.content:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        events += 1
+        if data == b"[DONE]":
+            continue
+        try:
+            last = json.loads(data)
+        except ValueError:
+            pass
+    return {"stream_events": events, "final": last}
+
+
+# --------------------------------------------------------------------------
+# Gym's rollout id.
+
+
+def gym_rollout_id(row):
+    if row.get("_ng_rollout_id") is not None:
+        return str(row["_ng_rollout_id"])
+    if "_ng_task_index" in row and "_ng_rollout_index" in row:
+        rid = f"{row['_ng_task_index']}-{row['_ng_rollout_index']}"
+        if row.get("_ng_attempt_index") is not None:
+            rid += f"-a{row['_ng_attempt_index']}"
+        return rid
+    return None
+
+
+# --------------------------------------------------------------------------
+# Running a server.
+
+
+def session_cookie_name(class_name, server_name):
+    return f"{class_name}___{server_name}"
+
+
+def install_lifecycle(app, cfg, truth, client, args):
+    @app.on_event("startup")
+    async def _startup():
+        await client.start()
+        if truth.enabled:
+            app.state.gt_flusher = asyncio.get_running_loop().create_task(truth.flusher())
+            truth.emit({"ev": "start", "host": cfg.host, "port": cfg.port, "http": args.http,
+                        "loop": args.loop, "python": sys.version.split()[0], "t_start": now_ns()})
+            truth.flush()
+
+    @app.on_event("shutdown")
+    async def _shutdown():
+        await client.close()
+        truth.close()
+
+
+def serve(app, cfg, args):
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host=cfg.host, port=cfg.port, http=args.http, loop=args.loop,
+        timeout_keep_alive=30, log_level="warning", access_log=False, lifespan="on",
+    )
+    print(f"{cfg.type} {cfg.name} starting on http://{host_for_url(cfg.host)}:{cfg.port} "
+          f"(pid {os.getpid()}, http={args.http}, loop={args.loop})", file=sys.stderr, flush=True)
+    uvicorn.Server(config).run()
+
+
+def free_port(host="127.0.0.1"):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
