@@ -1,0 +1,396 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/gymtrace/gymtrace/internal/config"
+	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/export"
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/http"
+	"github.com/gymtrace/gymtrace/internal/loader"
+	"github.com/gymtrace/gymtrace/internal/metrics"
+	"github.com/gymtrace/gymtrace/internal/preflight"
+	"github.com/gymtrace/gymtrace/internal/spans"
+)
+
+// tracer is one running gymtrace: discovery feeds targets to the loader, the
+// ring-buffer reader feeds the span pipeline, the pipeline feeds the exporter.
+type tracer struct {
+	log   *slog.Logger
+	cfg   *config.Config
+	kern  *loader.Tracer
+	spans *spans.Pipeline
+	out   *export.Pipeline
+
+	mu    sync.RWMutex
+	procs map[int]*discover.Process
+}
+
+// runTracer is `gymtrace run`: attach, trace until ctx ends, flush, detach.
+func runTracer(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	return runTracerTo(ctx, cfg, log, os.Stdout, nil)
+}
+
+// runTracerTo is runTracer with the terminal writer given (the demo prints
+// its own banner around the trees) and a hook called once attached.
+func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term io.Writer, attached func(*tracer)) error {
+	if err := preflight.Required(ctx); err != nil {
+		return err
+	}
+	t := &tracer{log: log, cfg: cfg, procs: map[int]*discover.Process{}}
+
+	// Explicit --pid targets must exist: say so before attaching anything.
+	var pids []int
+	roles := map[int]uint8{}
+	for _, pr := range cfg.PIDs {
+		if _, err := discover.Inspect(pr.PID); err != nil {
+			return fmt.Errorf("--pid %d: %w", pr.PID, err)
+		}
+		pids = append(pids, pr.PID)
+		roles[pr.PID] = pr.Role
+	}
+
+	kern, err := loader.Load(loader.Options{RingbufBytes: cfg.RingbufBytes, Log: log})
+	if err != nil {
+		return err
+	}
+	t.kern = kern
+	defer kern.Close()
+	if err := kern.SetRoutes(routeTable()); err != nil {
+		return err
+	}
+	if err := t.applyMask(cfg.Mask, cfg.RolloutIDs); err != nil {
+		return err
+	}
+
+	// Userspace pipeline and exporter.
+	b, err := spans.NewBuilder(spans.Options{
+		Mask:    cfg.Mask,
+		Lookup:  t.lookup,
+		Sampler: sampler(cfg.SampleRatio),
+		Logger:  log.With("component", "spans"),
+	})
+	if err != nil {
+		return fmt.Errorf("starting the span builder: %w", err)
+	}
+	t.spans = spans.NewPipeline(http.NewAssembler(http.AssemblerOptions{}), b)
+	exp, err := newExporter(ctx, cfg, term, log)
+	if err != nil {
+		return err
+	}
+	pcfg := export.PipelineConfig{Logger: log.With("component", "export")}
+	if cfg.Exporter == config.ExporterTree {
+		pcfg.BatchTimeout = 200 * time.Millisecond
+	}
+	t.out = export.NewPipeline(exp, pcfg)
+
+	var m *metrics.Metrics
+	if cfg.MetricsAddr != "" {
+		m = metrics.New(t.metricSources())
+		srv, err := m.Start(cfg.MetricsAddr, log)
+		if err != nil {
+			return fmt.Errorf("serving metrics on %s: %w", cfg.MetricsAddr, err)
+		}
+		defer srv.Shutdown(context.Background())
+	}
+
+	// Discovery keeps the kernel's target set current.
+	w, err := discover.NewWatcher(discover.WatcherOptions{
+		PIDs:     pids,
+		Discover: cfg.Discover,
+		OnAdd: func(p *discover.Process) {
+			if r := roles[p.PID]; r != 0 {
+				p.Role = r
+			}
+			t.addTarget(p)
+		},
+		OnRemove: t.removeTarget,
+		Logger:   log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.Sync(); err != nil {
+		return fmt.Errorf("finding target processes: %w", err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := w.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+			log.Error("discovery stopped", "err", err)
+		}
+	}()
+
+	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
+		"exporter", cfg.Exporter)
+	if m != nil {
+		m.SetReady()
+	}
+	if attached != nil {
+		attached(t)
+	}
+
+	// SIGHUP: new groups apply live, in the kernel and in the builder.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		watchReloads(runCtx, log, func(nc *config.Config) error {
+			if err := t.applyMask(nc.Mask, nc.RolloutIDs); err != nil {
+				return err
+			}
+			t.spans.Builder().SetMask(nc.Mask)
+			warnJoin(log, nc.Mask)
+			log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
+			return nil
+		})
+	}()
+
+	// Expire idle state so memory stays bounded when traffic stops.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		clock, err := http.NewClock()
+		if err != nil {
+			return
+		}
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-tick.C:
+				t.submit(t.spans.Expire(clock.NowMono()))
+			}
+		}
+	}()
+
+	readErr := kern.Read(runCtx, func(raw []byte) {
+		out, err := t.spans.Process(raw)
+		if err != nil {
+			log.Debug("undecodable record", "err", err)
+		}
+		t.submit(out)
+	})
+	stop()
+	wg.Wait()
+
+	// Flush: spans still open are ended now, marked truncated, as Gym does.
+	t.submit(t.spans.Flush())
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := t.out.Shutdown(sctx); err != nil {
+		log.Warn("exporter shutdown", "err", err)
+	}
+	st := t.out.Stats()
+	log.Info("gymtrace: detached", "spans_exported", st.Exported, "spans_failed", st.Failed, "spans_dropped", st.Dropped)
+	return readErr
+}
+
+func (t *tracer) submit(s []spans.Span) {
+	if len(s) > 0 {
+		t.out.Submit(s...)
+	}
+}
+
+func (t *tracer) lookup(pid int) *discover.Process {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.procs[pid]
+}
+
+func (t *tracer) addTarget(p *discover.Process) {
+	t.mu.Lock()
+	t.procs[p.PID] = p
+	t.mu.Unlock()
+	if err := t.kern.AddTarget(p.PID, p.Role); err != nil {
+		t.log.Warn("cannot trace process", "pid", p.PID, "err", err)
+		return
+	}
+	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
+}
+
+func (t *tracer) removeTarget(p *discover.Process) {
+	if err := t.kern.RemoveTarget(p.PID); err != nil {
+		t.log.Warn("removing target", "pid", p.PID, "err", err)
+	}
+	t.mu.Lock()
+	delete(t.procs, p.PID)
+	t.mu.Unlock()
+	t.spans.Builder().ForgetProcess(p.PID)
+	t.log.Info("process gone", "pid", p.PID, "service", p.ServiceName())
+}
+
+func (t *tracer) targetCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.procs)
+}
+
+func (t *tracer) describeTargets() string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var parts []string
+	for pid, p := range t.procs {
+		parts = append(parts, fmt.Sprintf("%d=%s", pid, p.ServiceName()))
+	}
+	sort.Strings(parts)
+	if len(parts) == 0 {
+		return "none yet (waiting for Gym servers)"
+	}
+	return strings.Join(parts, " ")
+}
+
+// applyMask writes the gate: the mask and, per role, which groups an inbound
+// or outbound message could belong to at all.
+func (t *tracer) applyMask(m groups.Mask, rolloutIDs bool) error {
+	var sp [8]uint64
+	for r := range sp {
+		sp[r] = uint64(groups.ServerPossible(groups.Role(r)))
+	}
+	var flags uint32
+	if rolloutIDs {
+		flags |= loader.CfgRolloutIDs
+	}
+	return t.kern.SetGate(uint64(m), sp, uint64(groups.ClientPossible()), flags)
+}
+
+// routeTable is the kernel's (role, method, path) -> gym.* group table, from
+// Gym's routes. Keys hold paths with any /ng-rollout/<id> prefix removed, as
+// the kernel looks them up; role 0 (not yet known) gets the union over roles.
+func routeTable() map[loader.RouteKey]uint64 {
+	out := map[loader.RouteKey]uint64{}
+	for _, r := range groups.GymRoutes() {
+		path, _ := groups.StripRolloutPrefix(r.Path)
+		m := methodCode(r.Method)
+		out[loader.NewRouteKey(uint8(r.Role), m, path)] |= uint64(r.Groups)
+		out[loader.NewRouteKey(loader.RoleUnknown, m, path)] |= uint64(r.Groups)
+	}
+	return out
+}
+
+func methodCode(m string) uint8 {
+	switch m {
+	case "GET":
+		return loader.MethodGET
+	case "POST":
+		return loader.MethodPOST
+	case "PUT":
+		return loader.MethodPUT
+	case "DELETE":
+		return loader.MethodDELETE
+	case "PATCH":
+		return loader.MethodPATCH
+	case "HEAD":
+		return loader.MethodHEAD
+	case "OPTIONS":
+		return loader.MethodOPTIONS
+	}
+	return loader.MethodUnknown
+}
+
+func sampler(ratio float64) sdktrace.Sampler {
+	if ratio >= 1 {
+		return nil
+	}
+	return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))
+}
+
+func newExporter(ctx context.Context, cfg *config.Config, term io.Writer, log *slog.Logger) (export.Exporter, error) {
+	res := export.NewResources("")
+	switch cfg.Exporter {
+	case config.ExporterOTLP:
+		e, err := export.NewOTLP(ctx, export.OTLPConfig{
+			Endpoint:  cfg.OTLPEndpoint,
+			Insecure:  cfg.OTLPInsecure,
+			Headers:   cfg.OTLPHeaders,
+			Timeout:   cfg.OTLPTimeout,
+			Resources: res,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("setting up the OTLP exporter: %w", err)
+		}
+		return e, nil
+	case config.ExporterJSONL:
+		e, err := export.OpenJSONL(cfg.Output, res)
+		if err != nil {
+			return nil, fmt.Errorf("opening the jsonl output: %w", err)
+		}
+		return e, nil
+	default:
+		w := term
+		if cfg.Output != "" && cfg.Output != "-" {
+			f, err := os.OpenFile(cfg.Output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return nil, fmt.Errorf("opening %s for the trace tree: %w", cfg.Output, err)
+			}
+			w = f
+		}
+		return export.NewTree(w, export.TreeConfig{Logger: log.With("component", "tree")}), nil
+	}
+}
+
+func (t *tracer) kernelStats() []uint64 {
+	st, err := t.kern.Stats()
+	if err != nil {
+		return make([]uint64, loader.StatMax)
+	}
+	return st
+}
+
+func (t *tracer) metricSources() metrics.Sources {
+	perGroup := func(base uint32) func() map[string]uint64 {
+		return func() map[string]uint64 {
+			st := t.kernelStats()
+			out := map[string]uint64{}
+			for _, info := range groups.All() {
+				out[info.Name] = st[base+uint32(info.Group)]
+			}
+			return out
+		}
+	}
+	return metrics.Sources{
+		EventsEmitted:          perGroup(loader.StatEmitted),
+		EventsDiscarded:        perGroup(loader.StatDiscarded),
+		RingbufReserveFailures: func() uint64 { return t.kernelStats()[loader.StatRingbufFull] },
+		KernelCounters: func() map[string]uint64 {
+			st := t.kernelStats()
+			return map[string]uint64{
+				"not_http":      st[loader.StatNotHTTP],
+				"parse_error":   st[loader.StatParseError],
+				"hdr_truncated": st[loader.StatHdrTruncated],
+				"conn_full":     st[loader.StatConnFull],
+				"resync":        st[loader.StatResync],
+				"skipped_bytes": st[loader.StatSkippedBytes],
+			}
+		},
+		SpansBuilt: func() map[string]uint64 {
+			st := t.spans.Builder().Stats()
+			out := map[string]uint64{}
+			for _, info := range groups.All() {
+				out[info.Name] = st.Spans[info.Group]
+			}
+			return out
+		},
+		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
+		Export:           func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
+		TargetsAttached:  t.targetCount,
+	}
+}
