@@ -95,6 +95,27 @@ static __always_inline int gt_classify(const __u8 *p, int n, __u16 *arg, __u8 *m
 		__diff == 0;                                                           \
 	})
 
+// Case-sensitive variant of GT_HDR_IS, for JSON keys.
+#define GT_KEY_IS(s, at, lit)                                                          \
+	({                                                                             \
+		__u8 __diff = 0;                                                       \
+		_Pragma("unroll") for (int __j = 0; __j < (int)sizeof(lit) - 1; __j++) \
+			__diff |= (s)[((at) + __j) & GT_SCRATCH_MASK] ^ (lit)[__j];   \
+		__diff == 0;                                                           \
+	})
+
+// Skips `  :  ` after a JSON key; returns the offset of the value.
+static __always_inline __u32 gt_json_value(const __u8 *s, __u32 at, __u32 n)
+{
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		__u8 c = s[at & GT_SCRATCH_MASK];
+		if (c == ' ' || c == ':')
+			at++;
+	}
+	return at;
+}
+
 // One header line [ls, le) of the scratch buffer; results go to sc->scan.
 static __always_inline void gt_header_line(struct gt_scratch *sc, __u32 ls, __u32 le, int is_req)
 {
@@ -231,4 +252,79 @@ static __always_inline void gt_route_key_from(struct gt_route_key *k, const stru
 		k->path[j & 63] = ev->path[src & (GT_PATH_MAX - 1)];
 	}
 	k->_pad = 0;
+}
+
+#define GT_ROLLOUT_WINDOWS 4 // 4 x 4 KiB of each body buffer are scanned
+
+// Parses a JSON integer value at s[at] into *out (map memory).
+static __always_inline void gt_json_int(const __u8 *s, __u32 at, __u32 n, __s32 *out)
+{
+	int j;
+	*out = 0;
+	gt_for(j, 0, 10)
+	{
+		__u8 c = s[(at + j) & GT_SCRATCH_MASK];
+		if (at + j >= n || c < '0' || c > '9')
+			break;
+		*out = *out * 10 + (c - '0');
+	}
+}
+
+// Scans one body buffer of a /run request for Gym's rollout keys
+// ("_ng_task_index", "_ng_rollout_index", "_ng_attempt_index",
+// "_ng_rollout_id") and keeps only their values. No other body byte is kept.
+__noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
+{
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc || !ev)
+		return 0;
+	int w;
+	gt_for(w, 0, GT_ROLLOUT_WINDOWS)
+	{
+		// Windows overlap by 64 bytes so a key on a boundary is seen whole.
+		__u32 off = w * (GT_SCRATCH - 64);
+		if (off >= len)
+			break;
+		__u32 n = len - off;
+		if (n > GT_SCRATCH)
+			n = GT_SCRATCH;
+		if (bpf_probe_read_user(sc->buf, n, (void *)(ubuf + off)))
+			break;
+		int i;
+		gt_for(i, 0, (int)n)
+		{
+			const __u8 *s = sc->buf;
+			if (s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
+				continue;
+			__u32 k = i + 5, v;
+			if (GT_KEY_IS(s, k, "task_index\"")) {
+				v = gt_json_value(s, k + 11, n);
+				gt_json_int(s, v, n, &ev->rollout.task);
+			} else if (GT_KEY_IS(s, k, "rollout_index\"")) {
+				v = gt_json_value(s, k + 14, n);
+				gt_json_int(s, v, n, &ev->rollout.rollout);
+			} else if (GT_KEY_IS(s, k, "attempt_index\"")) {
+				v = gt_json_value(s, k + 14, n);
+				gt_json_int(s, v, n, &ev->rollout.attempt);
+			} else if (GT_KEY_IS(s, k, "rollout_id\"")) {
+				v = gt_json_value(s, k + 11, n);
+				if (s[v & GT_SCRATCH_MASK] != '"')
+					continue;
+				int j;
+				ev->rollout.id_len = 0;
+				gt_for(j, 0, GT_ROLLOUT_ID_MAX)
+				{
+					__u8 c = s[(v + 1 + j) & GT_SCRATCH_MASK];
+					if (v + 1 + j >= n || c == '"' || c == '\\')
+						break;
+					ev->rollout.id[j & (GT_ROLLOUT_ID_MAX - 1)] = c;
+					ev->rollout.id_len = j + 1;
+				}
+			} else {
+				continue;
+			}
+			ev->flags |= GT_F_ROLLOUT;
+		}
+	}
+	return 0;
 }

@@ -63,12 +63,6 @@ static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1
 #endif
 }
 
-static __always_inline struct gt_scratch *gt_get_scratch(void)
-{
-	__u32 zero = 0;
-	return bpf_map_lookup_elem(&gt_scratch, &zero);
-}
-
 static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io)
 {
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
@@ -266,6 +260,7 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 	d->cl = -1;
 	d->chunked = 0;
 	d->upgrade = 0;
+	d->scan_rollout = 0;
 	d->remaining = 0;
 	d->body_len = 0;
 	d->start_ns = now;
@@ -334,6 +329,8 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);
 		return -1;
 	}
+	d->scan_rollout = (groups & GT_GROUP_ROLLOUT) && (io->mask & GT_GROUP_ROLLOUT) &&
+			  (io->cfg_flags & GT_CFG_ROLLOUT_IDS);
 	io->hdr_first = 1;
 	io->mlen = mlen;
 	return gt_headers(c, io, ubuf, avail);
@@ -517,6 +514,8 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 		return gt_headers(c, io, ubuf + off, avail);
 	case GT_PH_BODY_CL: {
 		__u64 take = d->remaining < avail ? d->remaining : avail;
+		if (d->scan_rollout && d->is_req)
+			gt_scan_rollout(&c->req, ubuf + off, take);
 		d->remaining -= take;
 		d->body_len += take;
 		if (!d->remaining)

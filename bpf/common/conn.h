@@ -34,7 +34,8 @@ struct gt_dir {
 	__s64 cl;        // Content-Length of the message being parsed, -1 when absent
 	__u8 chunked;    // Transfer-Encoding: chunked seen
 	__u8 upgrade;    // Upgrade header seen
-	__u8 _pad[6];
+	__u8 scan_rollout; // scan this request's body for Gym's rollout keys
+	__u8 _pad[5];
 	__u64 remaining;
 	__u64 body_len;
 	__u64 start_ns;

@@ -27,6 +27,12 @@ static __always_inline int gt_is_target(__u32 tgid)
 	return bits && (*bits & (1ULL << (tgid & 63)));
 }
 
+static __always_inline struct gt_scratch *gt_get_scratch(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&gt_scratch, &zero);
+}
+
 static __always_inline struct gt_config *gt_cfg(void)
 {
 	__u32 zero = 0;

@@ -269,6 +269,11 @@ func (t *tracer) applyMask(m groups.Mask, rolloutIDs bool) error {
 	if rolloutIDs {
 		flags |= loader.CfgRolloutIDs
 	}
+	// Benchmarks only (scripts/bench): copy every message out and let the
+	// builder filter, to measure what the in-kernel gate saves.
+	if os.Getenv("GYMTRACE_BENCH_NO_GATE") == "1" {
+		flags |= loader.CfgNoGate
+	}
 	return t.kern.SetGate(uint64(m), sp, uint64(groups.ClientPossible()), flags)
 }
 

@@ -43,19 +43,20 @@ type bpfGtConn struct {
 	HeadRing    uint64
 	EmittedRing uint64
 	Dir         [2]struct {
-		_          structs.HostLayout
-		Phase      uint8
-		ChunkPhase uint8
-		MidLine    uint8
-		IsReq      uint8
-		HdrScanned uint32
-		Cl         int64
-		Chunked    uint8
-		Upgrade    uint8
-		Pad        [6]uint8
-		Remaining  uint64
-		BodyLen    uint64
-		StartNs    uint64
+		_           structs.HostLayout
+		Phase       uint8
+		ChunkPhase  uint8
+		MidLine     uint8
+		IsReq       uint8
+		HdrScanned  uint32
+		Cl          int64
+		Chunked     uint8
+		Upgrade     uint8
+		ScanRollout uint8
+		Pad         [5]uint8
+		Remaining   uint64
+		BodyLen     uint64
+		StartNs     uint64
 	}
 	Tuple struct {
 		_      structs.HostLayout

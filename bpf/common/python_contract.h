@@ -1,0 +1,81 @@
+// The CPython part of the kernel <-> userspace contract: what userspace
+// (internal/python) writes into gt_py_procs for each traced Python process and
+// what the kernel leaves in the link map for userspace to read. Included from
+// contract.h; the layout rules there apply (fixed sizes, explicit padding).
+#pragma once
+
+// Longest thread list walked to find a thread's PyThreadState. A server that
+// runs more Python threads than this (thread pools) still works for the
+// threads near the head of the list, which is where new threads are added.
+#define GT_PY_MAX_THREADS 32
+// Interpreters walked (the main one plus a few subinterpreters).
+#define GT_PY_MAX_INTERPS 2
+
+// A context identity as the kernel reports it (http_event.py_ctx, link
+// fields): the PyContext address in the low 48 bits, its generation in the
+// high 16. Context objects are recycled (free list), so the address alone
+// would join unrelated tasks; the generation changes at every birth the link
+// probe sees.
+#define GT_PY_ADDR_MASK 0x0000ffffffffffffULL
+#define GT_PY_GEN_SHIFT 48
+
+// Per-process parameters: the gt_py_procs value, one per traced tgid, written by
+// internal/python.Inspect. Offsets are in bytes; every read is a plain
+// bpf_probe_read_user of the target's memory (no BTF exists for it).
+struct gt_py_params {
+	__u64 runtime;      // address of _PyRuntime in the target
+	__u64 context_type; // address of PyContext_Type (validates context pointers)
+	__u64 pidns_dev;    // target's PID namespace (nsfs dev, inode) when it is not
+	__u64 pidns_ino;    // the initial one; 0 = thread ids are global ids
+	__u32 version;      // PY_VERSION_HEX, e.g. 0x030b02f0
+	__u16 runtime_interp_head; // _PyRuntimeState.interpreters.head
+	__u16 interp_next;         // PyInterpreterState.next
+	__u16 interp_threads_head; // PyInterpreterState.threads.head
+	__u16 tstate_next;         // PyThreadState.next
+	__u16 tstate_native_tid;   // PyThreadState.native_thread_id
+	__u16 tstate_context;      // PyThreadState.context
+	__u16 ctx_prev;            // PyContext.ctx_prev (userspace diagnostics only)
+	__u16 ob_type;             // PyObject.ob_type
+	__u16 _pad[2];
+};
+
+// Per-thread cache: global tid -> the thread's PyThreadState.
+struct gt_py_thread {
+	__u64 tstate;   // 0: the walk found no Python thread state for this tid
+	__u64 retry_ns; // with tstate == 0: do not walk again before this time
+	__u32 tgid;     // guards against a tid reused by another process
+	__u32 _pad;
+};
+
+// gt_py_links value, keyed by PyContext address. Written by the
+// PyContext_CopyCurrent return probe at each context's birth: every asyncio
+// Task (and every call_soon handle, done callback) gets a copy of the
+// context current when it was created, so `parent` is its creator.
+// `root` is the request this context works for: a context born directly
+// from a spawner context (gt_py_mark_spawner: where a server starts request
+// tasks) is a request's handler task and its own root; every context born
+// from it or its descendants inherits its root at birth. Computing it at birth keeps the
+// answer right after the parent dies and its address is reused.
+struct gt_py_link {
+	__u64 parent;  // id of the context current at the copy; 0 = none
+	__u64 root;    // id of the request's handler context; 0 = unknown
+	__u64 born_ns; // bpf_ktime_get_ns() of the copy
+	__u32 tid;     // thread that made the copy (global id)
+	__u16 gen;     // this context's generation (high bits of its id)
+	__u16 _pad;
+};
+
+// Outcome of gt_py_context, counted per CPU in gt_py_stats.
+enum gt_py_status {
+	GT_PY_OK = 0,
+	GT_PY_NOT_PYTHON = 1,  // no gt_py_procs entry for the tgid
+	GT_PY_NO_THREAD = 2,   // the thread has no PyThreadState (not a Python thread)
+	GT_PY_NO_CONTEXT = 3,  // the thread state has no context yet
+	GT_PY_BAD_CONTEXT = 4, // tstate->context is not a PyContext (offsets wrong?)
+	GT_PY_READ_ERROR = 5,  // reading the target's memory failed
+	GT_PY_WALKED = 6,      // (counter only) cache misses that walked the thread list
+	GT_PY_LINKED = 7,      // (counter only) links written by the copy probe
+	GT_PY_ROOTED = 8,      // (counter only) births that started a request (parent a spawner)
+	GT_PY_SPAWNERS = 9,    // (counter only) spawners marked
+	GT_PY_STAT_MAX = 10,
+};
