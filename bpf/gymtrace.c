@@ -10,9 +10,14 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #include "syscalls.h"
+#include "lifecycle.h"
 
 // Contract types that no map names are kept in BTF so bpf2go generates them.
 struct http_event gt_contract_http_event __attribute__((unused));
+struct proc_event gt_contract_proc_event __attribute__((unused));
+enum gt_sandbox_provider gt_contract_provider __attribute__((unused));
+enum gt_sandbox_verb gt_contract_verb __attribute__((unused));
+enum gt_target_flag gt_contract_target_flag __attribute__((unused));
 enum gt_event_kind gt_contract_kind __attribute__((unused));
 enum gt_side gt_contract_side __attribute__((unused));
 enum gt_role gt_contract_role __attribute__((unused));

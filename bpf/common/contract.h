@@ -17,6 +17,25 @@ enum gt_event_kind {
 	GT_EV_REQUEST = 1,  // a complete HTTP request (headers + body) on one connection
 	GT_EV_RESPONSE = 2, // a complete HTTP response
 	GT_EV_CLOSE = 3,    // a connection with an exchange still in flight was closed
+	GT_EV_PROC_FORK = 4, // a target forked a child process (struct proc_event)
+	GT_EV_PROC_EXEC = 5, // a target's child, or a Gym entry point, called exec
+	GT_EV_PROC_EXIT = 6, // a target process exited
+	GT_EV_SANDBOX_START = 7, // a target's child exec'd a sandbox provider CLI
+	GT_EV_SANDBOX_END = 8,   // ... and exited
+};
+
+enum gt_sandbox_provider {
+	GT_SB_NONE = 0,
+	GT_SB_DOCKER = 1,
+	GT_SB_APPTAINER = 2,
+	GT_SB_ENROOT = 3,
+};
+
+// What the CLI was asked to do: Gym's sandbox spans are start and exec.
+enum gt_sandbox_verb {
+	GT_SBV_OTHER = 0, // rm, remove, stop...: lifecycle only, no span
+	GT_SBV_START = 1, // docker run, apptainer instance start, enroot create|start
+	GT_SBV_EXEC = 2,  // docker exec, apptainer exec, enroot exec
 };
 
 // Which end of the TCP connection the traced process is.
@@ -73,6 +92,7 @@ enum gt_stat {
 	GT_STAT_CONN_FULL = 36,    // connection table insertions that failed
 	GT_STAT_RESYNC = 37,       // connections picked up mid-stream
 	GT_STAT_SKIPPED_BYTES = 38,// bytes on gated-off messages never copied out
+	GT_STAT_PROC_EVENTS = 39,  // process lifecycle events emitted
 	GT_STAT_MAX = 48,
 };
 
@@ -125,6 +145,10 @@ struct http_event {
 	struct gt_rollout rollout;
 };
 
+enum gt_target_flag {
+	GT_TARGET_CHILD = 1 << 0, // added by the kernel at fork: a child of a target
+};
+
 // Process targets: one hash entry per traced tgid.
 struct gt_target {
 	__u8 role;  // enum gt_role
@@ -155,4 +179,25 @@ struct gt_route_key {
 	__u8 method;
 	__u16 _pad;
 	__u8 path[GT_ROUTE_PATH_MAX];
+};
+
+// Process lifecycle record (GT_EV_PROC_* and GT_EV_SANDBOX_*). Shares its first
+// byte (kind) with http_event so one ring buffer carries both. No argv byte
+// and no environment byte is ever written here: a sandbox CLI is reduced to
+// its provider and verb.
+struct proc_event {
+	__u8 kind;     // enum gt_event_kind
+	__u8 role;     // role of the target involved (the parent for fork/sandbox)
+	__u8 provider; // enum gt_sandbox_provider
+	__u8 verb;     // enum gt_sandbox_verb
+	__u32 pid;     // the process the event is about
+	__u32 ppid;    // its parent (the target, for fork and sandbox events)
+	__u32 tid;     // the parent's thread that forked (for causality)
+	__s32 exit_code; // GT_EV_PROC_EXIT / GT_EV_SANDBOX_END: exit status (0..255), or -signal
+	__u32 _pad;
+	__u64 ts_ns;  // bpf_ktime_get_ns()
+	__u64 start_ns; // GT_EV_SANDBOX_END: when the sandbox CLI was exec'd
+	__u64 py_ctx; // asyncio context of the forking thread, 0 when unknown
+	__u64 py_ctx_prev;
+	__u8 comm[16];
 };

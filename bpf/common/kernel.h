@@ -99,12 +99,19 @@ struct files_struct {
 	struct fdtable *fdt;
 };
 
+struct mm_struct {
+	unsigned long arg_start;
+	unsigned long arg_end;
+};
+
 struct task_struct {
 	int pid;
 	int tgid;
 	struct files_struct *files;
 	struct task_struct *real_parent;
+	struct mm_struct *mm;
 	int exit_code;
+	char comm[16];
 };
 
 #pragma clang attribute pop

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -183,6 +184,10 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	}()
 
 	readErr := kern.Read(runCtx, func(raw []byte) {
+		if len(raw) > 0 && loader.IsProcEvent(raw[0]) {
+			t.procEvent(w, raw)
+			return
+		}
 		out, err := t.spans.Process(raw)
 		if err != nil {
 			log.Debug("undecodable record", "err", err)
@@ -202,6 +207,25 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	st := t.out.Stats()
 	log.Info("gymtrace: detached", "spans_exported", st.Exported, "spans_failed", st.Failed, "spans_dropped", st.Dropped)
 	return readErr
+}
+
+// procEvent handles a lifecycle record: discovery learns of forks, execs and
+// exits at once instead of at its next rescan.
+func (t *tracer) procEvent(w *discover.Watcher, raw []byte) {
+	if len(raw) < loader.ProcEventSize {
+		return
+	}
+	var ev loader.ProcEvent
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&ev)), loader.ProcEventSize), raw)
+	switch ev.Kind {
+	case loader.EvProcFork:
+		w.OnFork(int(ev.Pid))
+	case loader.EvProcExec:
+		w.OnExec(int(ev.Pid))
+	case loader.EvProcExit:
+		w.OnExit(int(ev.Pid))
+	}
+	// gym.job and gym.sandbox.* spans: see internal/spans (lifecycle.go).
 }
 
 func (t *tracer) submit(s []spans.Span) {

@@ -140,9 +140,14 @@ const (
 type bpfGtEventKind uint32
 
 const (
-	bpfGtEventKindGT_EV_REQUEST  bpfGtEventKind = 1
-	bpfGtEventKindGT_EV_RESPONSE bpfGtEventKind = 2
-	bpfGtEventKindGT_EV_CLOSE    bpfGtEventKind = 3
+	bpfGtEventKindGT_EV_REQUEST       bpfGtEventKind = 1
+	bpfGtEventKindGT_EV_RESPONSE      bpfGtEventKind = 2
+	bpfGtEventKindGT_EV_CLOSE         bpfGtEventKind = 3
+	bpfGtEventKindGT_EV_PROC_FORK     bpfGtEventKind = 4
+	bpfGtEventKindGT_EV_PROC_EXEC     bpfGtEventKind = 5
+	bpfGtEventKindGT_EV_PROC_EXIT     bpfGtEventKind = 6
+	bpfGtEventKindGT_EV_SANDBOX_START bpfGtEventKind = 7
+	bpfGtEventKindGT_EV_SANDBOX_END   bpfGtEventKind = 8
 )
 
 type bpfGtMethod uint32
@@ -177,6 +182,33 @@ type bpfGtRouteKey struct {
 	Pad    uint16
 	Path   [60]uint8
 }
+
+type bpfGtSandbox struct {
+	_        structs.HostLayout
+	StartNs  uint64
+	Ppid     uint32
+	Provider uint8
+	Verb     uint8
+	Role     uint8
+	Pad      uint8
+}
+
+type bpfGtSandboxProvider uint32
+
+const (
+	bpfGtSandboxProviderGT_SB_NONE      bpfGtSandboxProvider = 0
+	bpfGtSandboxProviderGT_SB_DOCKER    bpfGtSandboxProvider = 1
+	bpfGtSandboxProviderGT_SB_APPTAINER bpfGtSandboxProvider = 2
+	bpfGtSandboxProviderGT_SB_ENROOT    bpfGtSandboxProvider = 3
+)
+
+type bpfGtSandboxVerb uint32
+
+const (
+	bpfGtSandboxVerbGT_SBV_OTHER bpfGtSandboxVerb = 0
+	bpfGtSandboxVerbGT_SBV_START bpfGtSandboxVerb = 1
+	bpfGtSandboxVerbGT_SBV_EXEC  bpfGtSandboxVerb = 2
+)
 
 type bpfGtScratch struct {
 	_    structs.HostLayout
@@ -231,6 +263,7 @@ const (
 	bpfGtStatGT_STAT_CONN_FULL     bpfGtStat = 36
 	bpfGtStatGT_STAT_RESYNC        bpfGtStat = 37
 	bpfGtStatGT_STAT_SKIPPED_BYTES bpfGtStat = 38
+	bpfGtStatGT_STAT_PROC_EVENTS   bpfGtStat = 39
 	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
 )
 
@@ -241,6 +274,12 @@ type bpfGtTarget struct {
 	Pad   uint16
 	Pad2  uint32
 }
+
+type bpfGtTargetFlag uint32
+
+const (
+	bpfGtTargetFlagGT_TARGET_CHILD bpfGtTargetFlag = 1
+)
 
 type bpfHttpEvent struct {
 	_         structs.HostLayout
@@ -286,36 +325,62 @@ type bpfHttpEvent struct {
 	}
 }
 
+type bpfProcEvent struct {
+	_         structs.HostLayout
+	Kind      uint8
+	Role      uint8
+	Provider  uint8
+	Verb      uint8
+	Pid       uint32
+	Ppid      uint32
+	Tid       uint32
+	ExitCode  int32
+	Pad       uint32
+	TsNs      uint64
+	StartNs   uint64
+	PyCtx     uint64
+	PyCtxPrev uint64
+	Comm      [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bpfMapGtConfig            = "gt_config"
-	bpfMapGtConns             = "gt_conns"
-	bpfMapGtEvents            = "gt_events"
-	bpfMapGtRoutes            = "gt_routes"
-	bpfMapGtScratch           = "gt_scratch"
-	bpfMapGtStats             = "gt_stats"
-	bpfMapGtTargetBits        = "gt_target_bits"
-	bpfMapGtTargets           = "gt_targets"
-	bpfProgGtEnterClose       = "gt_enter_close"
-	bpfProgGtExitRead         = "gt_exit_read"
-	bpfProgGtExitReadv        = "gt_exit_readv"
-	bpfProgGtExitRecvfrom     = "gt_exit_recvfrom"
-	bpfProgGtExitRecvmsg      = "gt_exit_recvmsg"
-	bpfProgGtExitSendmsg      = "gt_exit_sendmsg"
-	bpfProgGtExitSendto       = "gt_exit_sendto"
-	bpfProgGtExitWrite        = "gt_exit_write"
-	bpfProgGtExitWritev       = "gt_exit_writev"
-	bpfVarGtContractCfgFlag   = "gt_contract_cfg_flag"
-	bpfVarGtContractFlag      = "gt_contract_flag"
-	bpfVarGtContractHttpEvent = "gt_contract_http_event"
-	bpfVarGtContractKind      = "gt_contract_kind"
-	bpfVarGtContractMethod    = "gt_contract_method"
-	bpfVarGtContractRole      = "gt_contract_role"
-	bpfVarGtContractSide      = "gt_contract_side"
-	bpfVarGtContractStat      = "gt_contract_stat"
-	bpfVarGtNextConnId        = "gt_next_conn_id"
+	bpfMapGtConfig             = "gt_config"
+	bpfMapGtConns              = "gt_conns"
+	bpfMapGtEvents             = "gt_events"
+	bpfMapGtRoutes             = "gt_routes"
+	bpfMapGtSandboxes          = "gt_sandboxes"
+	bpfMapGtScratch            = "gt_scratch"
+	bpfMapGtStats              = "gt_stats"
+	bpfMapGtTargetBits         = "gt_target_bits"
+	bpfMapGtTargets            = "gt_targets"
+	bpfProgGtEnterClose        = "gt_enter_close"
+	bpfProgGtExec              = "gt_exec"
+	bpfProgGtExit              = "gt_exit"
+	bpfProgGtExitRead          = "gt_exit_read"
+	bpfProgGtExitReadv         = "gt_exit_readv"
+	bpfProgGtExitRecvfrom      = "gt_exit_recvfrom"
+	bpfProgGtExitRecvmsg       = "gt_exit_recvmsg"
+	bpfProgGtExitSendmsg       = "gt_exit_sendmsg"
+	bpfProgGtExitSendto        = "gt_exit_sendto"
+	bpfProgGtExitWrite         = "gt_exit_write"
+	bpfProgGtExitWritev        = "gt_exit_writev"
+	bpfProgGtFork              = "gt_fork"
+	bpfVarGtContractCfgFlag    = "gt_contract_cfg_flag"
+	bpfVarGtContractFlag       = "gt_contract_flag"
+	bpfVarGtContractHttpEvent  = "gt_contract_http_event"
+	bpfVarGtContractKind       = "gt_contract_kind"
+	bpfVarGtContractMethod     = "gt_contract_method"
+	bpfVarGtContractProcEvent  = "gt_contract_proc_event"
+	bpfVarGtContractProvider   = "gt_contract_provider"
+	bpfVarGtContractRole       = "gt_contract_role"
+	bpfVarGtContractSide       = "gt_contract_side"
+	bpfVarGtContractStat       = "gt_contract_stat"
+	bpfVarGtContractTargetFlag = "gt_contract_target_flag"
+	bpfVarGtContractVerb       = "gt_contract_verb"
+	bpfVarGtNextConnId         = "gt_next_conn_id"
 )
 
 // loadBpf returns the embedded CollectionSpec for bpf.
@@ -361,6 +426,8 @@ type bpfSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfProgramSpecs struct {
 	GtEnterClose   *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
+	GtExec         *ebpf.ProgramSpec `ebpf:"gt_exec"`
+	GtExit         *ebpf.ProgramSpec `ebpf:"gt_exit"`
 	GtExitRead     *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
 	GtExitReadv    *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
@@ -369,6 +436,7 @@ type bpfProgramSpecs struct {
 	GtExitSendto   *ebpf.ProgramSpec `ebpf:"gt_exit_sendto"`
 	GtExitWrite    *ebpf.ProgramSpec `ebpf:"gt_exit_write"`
 	GtExitWritev   *ebpf.ProgramSpec `ebpf:"gt_exit_writev"`
+	GtFork         *ebpf.ProgramSpec `ebpf:"gt_fork"`
 }
 
 // bpfMapSpecs contains maps before they are loaded into the kernel.
@@ -379,6 +447,7 @@ type bpfMapSpecs struct {
 	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
 	GtRoutes     *ebpf.MapSpec `ebpf:"gt_routes"`
+	GtSandboxes  *ebpf.MapSpec `ebpf:"gt_sandboxes"`
 	GtScratch    *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStats      *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits *ebpf.MapSpec `ebpf:"gt_target_bits"`
@@ -389,15 +458,19 @@ type bpfMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfVariableSpecs struct {
-	GtContractCfgFlag   *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
-	GtContractFlag      *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
-	GtContractHttpEvent *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
-	GtContractKind      *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
-	GtContractMethod    *ebpf.VariableSpec `ebpf:"gt_contract_method"`
-	GtContractRole      *ebpf.VariableSpec `ebpf:"gt_contract_role"`
-	GtContractSide      *ebpf.VariableSpec `ebpf:"gt_contract_side"`
-	GtContractStat      *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
-	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtContractCfgFlag    *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
+	GtContractFlag       *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
+	GtContractHttpEvent  *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
+	GtContractKind       *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
+	GtContractMethod     *ebpf.VariableSpec `ebpf:"gt_contract_method"`
+	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
+	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
+	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
+	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
+	GtContractStat       *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
+	GtContractTargetFlag *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
+	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
+	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 }
 
 // bpfObjects contains all objects after they have been loaded into the kernel.
@@ -424,6 +497,7 @@ type bpfMaps struct {
 	GtConns      *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents     *ebpf.Map `ebpf:"gt_events"`
 	GtRoutes     *ebpf.Map `ebpf:"gt_routes"`
+	GtSandboxes  *ebpf.Map `ebpf:"gt_sandboxes"`
 	GtScratch    *ebpf.Map `ebpf:"gt_scratch"`
 	GtStats      *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits *ebpf.Map `ebpf:"gt_target_bits"`
@@ -436,6 +510,7 @@ func (m *bpfMaps) Close() error {
 		m.GtConns,
 		m.GtEvents,
 		m.GtRoutes,
+		m.GtSandboxes,
 		m.GtScratch,
 		m.GtStats,
 		m.GtTargetBits,
@@ -447,15 +522,19 @@ func (m *bpfMaps) Close() error {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfVariables struct {
-	GtContractCfgFlag   *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
-	GtContractFlag      *ebpf.Variable `ebpf:"gt_contract_flag"`
-	GtContractHttpEvent *ebpf.Variable `ebpf:"gt_contract_http_event"`
-	GtContractKind      *ebpf.Variable `ebpf:"gt_contract_kind"`
-	GtContractMethod    *ebpf.Variable `ebpf:"gt_contract_method"`
-	GtContractRole      *ebpf.Variable `ebpf:"gt_contract_role"`
-	GtContractSide      *ebpf.Variable `ebpf:"gt_contract_side"`
-	GtContractStat      *ebpf.Variable `ebpf:"gt_contract_stat"`
-	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtContractCfgFlag    *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
+	GtContractFlag       *ebpf.Variable `ebpf:"gt_contract_flag"`
+	GtContractHttpEvent  *ebpf.Variable `ebpf:"gt_contract_http_event"`
+	GtContractKind       *ebpf.Variable `ebpf:"gt_contract_kind"`
+	GtContractMethod     *ebpf.Variable `ebpf:"gt_contract_method"`
+	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
+	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
+	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
+	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
+	GtContractStat       *ebpf.Variable `ebpf:"gt_contract_stat"`
+	GtContractTargetFlag *ebpf.Variable `ebpf:"gt_contract_target_flag"`
+	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
+	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 }
 
 // bpfPrograms contains all programs after they have been loaded into the kernel.
@@ -463,6 +542,8 @@ type bpfVariables struct {
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfPrograms struct {
 	GtEnterClose   *ebpf.Program `ebpf:"gt_enter_close"`
+	GtExec         *ebpf.Program `ebpf:"gt_exec"`
+	GtExit         *ebpf.Program `ebpf:"gt_exit"`
 	GtExitRead     *ebpf.Program `ebpf:"gt_exit_read"`
 	GtExitReadv    *ebpf.Program `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom *ebpf.Program `ebpf:"gt_exit_recvfrom"`
@@ -471,11 +552,14 @@ type bpfPrograms struct {
 	GtExitSendto   *ebpf.Program `ebpf:"gt_exit_sendto"`
 	GtExitWrite    *ebpf.Program `ebpf:"gt_exit_write"`
 	GtExitWritev   *ebpf.Program `ebpf:"gt_exit_writev"`
+	GtFork         *ebpf.Program `ebpf:"gt_fork"`
 }
 
 func (p *bpfPrograms) Close() error {
 	return _BpfClose(
 		p.GtEnterClose,
+		p.GtExec,
+		p.GtExit,
 		p.GtExitRead,
 		p.GtExitReadv,
 		p.GtExitRecvfrom,
@@ -484,6 +568,7 @@ func (p *bpfPrograms) Close() error {
 		p.GtExitSendto,
 		p.GtExitWrite,
 		p.GtExitWritev,
+		p.GtFork,
 	)
 }
 

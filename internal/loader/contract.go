@@ -11,6 +11,13 @@ import "unsafe"
 // HTTPEvent is one record of the gt_events ring buffer (struct http_event).
 type HTTPEvent = bpfHttpEvent
 
+// ProcEvent is a process lifecycle record of the same ring buffer
+// (struct proc_event); its first byte is the kind, like HTTPEvent's.
+type ProcEvent = bpfProcEvent
+
+// ProcEventSize is the size in bytes of a lifecycle record.
+const ProcEventSize = int(unsafe.Sizeof(ProcEvent{}))
+
 // Target is a gt_targets value (struct gt_target).
 type Target = bpfGtTarget
 
@@ -28,7 +35,29 @@ const (
 	EvRequest  = uint8(bpfGtEventKindGT_EV_REQUEST)
 	EvResponse = uint8(bpfGtEventKindGT_EV_RESPONSE)
 	EvClose    = uint8(bpfGtEventKindGT_EV_CLOSE)
+
+	EvProcFork     = uint8(bpfGtEventKindGT_EV_PROC_FORK)
+	EvProcExec     = uint8(bpfGtEventKindGT_EV_PROC_EXEC)
+	EvProcExit     = uint8(bpfGtEventKindGT_EV_PROC_EXIT)
+	EvSandboxStart = uint8(bpfGtEventKindGT_EV_SANDBOX_START)
+	EvSandboxEnd   = uint8(bpfGtEventKindGT_EV_SANDBOX_END)
 )
+
+// Sandbox providers and verbs (proc_event.provider, .verb).
+const (
+	SandboxNone      = uint8(bpfGtSandboxProviderGT_SB_NONE)
+	SandboxDocker    = uint8(bpfGtSandboxProviderGT_SB_DOCKER)
+	SandboxApptainer = uint8(bpfGtSandboxProviderGT_SB_APPTAINER)
+	SandboxEnroot    = uint8(bpfGtSandboxProviderGT_SB_ENROOT)
+
+	SandboxVerbOther = uint8(bpfGtSandboxVerbGT_SBV_OTHER)
+	SandboxVerbStart = uint8(bpfGtSandboxVerbGT_SBV_START)
+	SandboxVerbExec  = uint8(bpfGtSandboxVerbGT_SBV_EXEC)
+)
+
+// IsProcEvent reports whether a ring-buffer record (by its first byte) is a
+// lifecycle record rather than an HTTP one.
+func IsProcEvent(kind uint8) bool { return kind >= EvProcFork && kind <= EvSandboxEnd }
 
 // Connection sides.
 const (
@@ -86,6 +115,7 @@ const (
 	StatConnFull     = uint32(bpfGtStatGT_STAT_CONN_FULL)
 	StatResync       = uint32(bpfGtStatGT_STAT_RESYNC)
 	StatSkippedBytes = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
+	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
 	StatMax          = uint32(bpfGtStatGT_STAT_MAX)
 )
 

@@ -100,6 +100,24 @@ func Load(opts Options) (*Tracer, error) {
 		}
 		t.links = append(t.links, l)
 	}
+	// Process lifecycle: children of targets, sandbox CLIs, exits.
+	for _, tp := range []struct {
+		name string
+		prog *ebpf.Program
+	}{{"sched_process_exec", t.objs.GtExec}, {"sched_process_exit", t.objs.GtExit}} {
+		l, err := link.Tracepoint("sched", tp.name, tp.prog, nil)
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("attaching tracepoint sched/%s: %w", tp.name, err)
+		}
+		t.links = append(t.links, l)
+	}
+	l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sched_process_fork", Program: t.objs.GtFork})
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("attaching raw tracepoint sched_process_fork: %w", err)
+	}
+	t.links = append(t.links, l)
 	rd, err := ringbuf.NewReader(t.objs.GtEvents)
 	if err != nil {
 		t.Close()
@@ -236,6 +254,9 @@ func (t *Tracer) Programs() map[string]*ebpf.Program {
 	for _, tp := range t.tracepoints() {
 		m[tp.name] = tp.prog
 	}
+	m["sched_process_fork"] = t.objs.GtFork
+	m["sched_process_exec"] = t.objs.GtExec
+	m["sched_process_exit"] = t.objs.GtExit
 	return m
 }
 

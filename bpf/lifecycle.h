@@ -1,0 +1,276 @@
+// Process lifecycle: fork/exec/exit of targets and their children.
+//
+// - Children of a target (uvicorn workers) become targets with its role.
+// - A child that execs a sandbox provider CLI (docker, apptainer, enroot)
+//   becomes a sandbox: GT_EV_SANDBOX_START at exec, GT_EV_SANDBOX_END at exit,
+//   and stops being an HTTP target (the docker CLI talks to its daemon).
+//   The sandbox group bit is checked before any argv byte is read.
+// - Execs of Gym's collector entry points are reported so discovery can pick
+//   them up at once (gym.job starts at exec).
+// These tracepoints fire on every fork/exec/exit of the host; each returns
+// after one bitmap test unless a target is involved.
+#pragma once
+
+#include "common/util.h"
+
+struct trace_event_raw_sched_process_exec {
+	struct trace_entry ent;
+	__u32 __data_loc_filename;
+	int pid;
+	int old_pid;
+};
+
+struct gt_sandbox {
+	__u64 start_ns;
+	__u32 ppid;
+	__u8 provider;
+	__u8 verb;
+	__u8 role;
+	__u8 _pad;
+};
+
+// Sandbox CLIs running now, by pid.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct gt_sandbox);
+} gt_sandboxes SEC(".maps");
+
+static __always_inline void gt_bit_set(__u32 tgid, int on)
+{
+	__u32 word = tgid >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&gt_target_bits, &word);
+	if (!bits)
+		return;
+	if (on)
+		__sync_fetch_and_or(bits, 1ULL << (tgid & 63));
+	else
+		__sync_fetch_and_and(bits, ~(1ULL << (tgid & 63)));
+}
+
+static __always_inline struct proc_event *gt_proc_reserve(__u8 kind)
+{
+	struct proc_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return 0;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->kind = kind;
+	e->ts_ns = bpf_ktime_get_ns();
+	gt_stat_add(GT_STAT_PROC_EVENTS, 1);
+	return e;
+}
+
+SEC("raw_tracepoint/sched_process_fork")
+int gt_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)ctx->args[0];
+	struct task_struct *child = (struct task_struct *)ctx->args[1];
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	if (!gt_is_target(ptgid))
+		return 0;
+	__u32 cpid = BPF_CORE_READ(child, pid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	if (cpid != ctgid) // a new thread, not a new process
+		return 0;
+	struct gt_target *pt = bpf_map_lookup_elem(&gt_targets, &ptgid);
+	struct gt_target t = {.role = pt ? pt->role : GT_ROLE_UNKNOWN, .flags = GT_TARGET_CHILD};
+	bpf_map_update_elem(&gt_targets, &ctgid, &t, BPF_ANY);
+	gt_bit_set(ctgid, 1);
+	struct proc_event *e = gt_proc_reserve(GT_EV_PROC_FORK);
+	if (!e)
+		return 0;
+	e->role = t.role;
+	e->pid = ctgid;
+	e->ppid = ptgid;
+	e->tid = (__u32)bpf_get_current_pid_tgid();
+	BPF_CORE_READ_STR_INTO(&e->comm, parent, comm);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+// Basename of the exec'd file, compared against a name.
+#define GT_NAME_IS(b, n, lit) (n == sizeof(lit) - 1 && !__builtin_memcmp(b, lit, sizeof(lit) - 1))
+
+static __always_inline __u8 gt_provider(const char *b, int n)
+{
+	if (GT_NAME_IS(b, n, "docker"))
+		return GT_SB_DOCKER;
+	if (GT_NAME_IS(b, n, "apptainer") || GT_NAME_IS(b, n, "singularity"))
+		return GT_SB_APPTAINER;
+	if (GT_NAME_IS(b, n, "enroot"))
+		return GT_SB_ENROOT;
+	return GT_SB_NONE;
+}
+
+static __always_inline int gt_is_entry_point(const char *b, int n)
+{
+	return GT_NAME_IS(b, n, "ng_collect_rollouts") || GT_NAME_IS(b, n, "ng_e2e_collect_rollouts") ||
+	       GT_NAME_IS(b, n, "gym");
+}
+
+// The verb from argv: docker run|exec, apptainer instance start|exec, enroot create|start|exec.
+static __always_inline __u8 gt_sandbox_verb(__u8 provider)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u64 arg = BPF_CORE_READ(task, mm, arg_start);
+	__u64 end = BPF_CORE_READ(task, mm, arg_end);
+	char a[48] = {};
+	__u64 n = end - arg;
+	if (n > sizeof(a))
+		n = sizeof(a);
+	if (!arg || bpf_probe_read_user(a, n & 63, (void *)arg))
+		return GT_SBV_OTHER;
+	// Skip argv[0].
+	int i = 0;
+#pragma unroll
+	for (int j = 0; j < 24; j++)
+		if (i == j && a[j])
+			i++;
+	i++;
+	if (i >= 40)
+		return GT_SBV_OTHER;
+	const char *v = &a[i & 31];
+	if (provider == GT_SB_DOCKER) {
+		if (!__builtin_memcmp(v, "run\0", 4) || !__builtin_memcmp(v, "create\0", 7))
+			return GT_SBV_START;
+		if (!__builtin_memcmp(v, "exec\0", 5))
+			return GT_SBV_EXEC;
+	} else if (provider == GT_SB_APPTAINER) {
+		if (!__builtin_memcmp(v, "instance\0start", 14))
+			return GT_SBV_START;
+		if (!__builtin_memcmp(v, "exec\0", 5) || !__builtin_memcmp(v, "run\0", 4))
+			return GT_SBV_EXEC;
+	} else if (provider == GT_SB_ENROOT) {
+		if (!__builtin_memcmp(v, "create\0", 7) || !__builtin_memcmp(v, "start\0", 6))
+			return GT_SBV_START;
+		if (!__builtin_memcmp(v, "exec\0", 5))
+			return GT_SBV_EXEC;
+	}
+	return GT_SBV_OTHER;
+}
+
+SEC("tracepoint/sched/sched_process_exec")
+int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	int target = gt_is_target(tgid);
+
+	// Basename of the file being executed, from the tracepoint's own copy.
+	char path[64] = {};
+	__u32 loc = ctx->__data_loc_filename;
+	bpf_probe_read_kernel_str(path, sizeof(path), (void *)ctx + (loc & 0xffff));
+	int start = 0, len = 0;
+#pragma unroll
+	for (int j = 0; j < 63; j++) {
+		if (!path[j])
+			break;
+		if (path[j] == '/')
+			start = j + 1;
+		len = j + 1;
+	}
+	const char *base = &path[start & 63];
+	int n = len - start;
+	if (n < 0 || n > 32)
+		return 0;
+
+	if (!target) {
+		if (!gt_is_entry_point(base, n))
+			return 0;
+		struct proc_event *e = gt_proc_reserve(GT_EV_PROC_EXEC);
+		if (!e)
+			return 0;
+		e->pid = tgid;
+		bpf_get_current_comm(&e->comm, sizeof(e->comm));
+		bpf_ringbuf_submit(e, 0);
+		return 0;
+	}
+
+	struct gt_target *t = bpf_map_lookup_elem(&gt_targets, &tgid);
+	struct gt_config *cfg = gt_cfg();
+	__u8 provider = gt_provider(base, n);
+	if (provider != GT_SB_NONE && t && (t->flags & GT_TARGET_CHILD)) {
+		// A sandbox CLI: traced for its lifecycle only, never for its HTTP.
+		gt_bit_set(tgid, 0);
+		__u32 ppid = 0;
+		struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+		ppid = BPF_CORE_READ(task, real_parent, tgid);
+		if (cfg && ((cfg->mask & GT_GROUP_SANDBOX) || (cfg->flags & GT_CFG_NO_GATE))) {
+			gt_stat_add(GT_STAT_EMITTED + 7, 1);
+			// Only now, with the sandbox group on, is argv looked at.
+			struct gt_sandbox sb = {
+				.start_ns = bpf_ktime_get_ns(),
+				.ppid = ppid,
+				.provider = provider,
+				.verb = gt_sandbox_verb(provider),
+				.role = t->role,
+			};
+			bpf_map_update_elem(&gt_sandboxes, &tgid, &sb, BPF_ANY);
+			struct proc_event *e = gt_proc_reserve(GT_EV_SANDBOX_START);
+			if (e) {
+				e->pid = tgid;
+				e->ppid = ppid;
+				e->role = sb.role;
+				e->provider = provider;
+				e->verb = sb.verb;
+				e->start_ns = sb.start_ns;
+				bpf_ringbuf_submit(e, 0);
+			}
+		} else {
+			gt_stat_add(GT_STAT_DISCARDED + 7, 1);
+		}
+		bpf_map_delete_elem(&gt_targets, &tgid);
+		return 0;
+	}
+	struct proc_event *e = gt_proc_reserve(GT_EV_PROC_EXEC);
+	if (!e)
+		return 0;
+	e->pid = tgid;
+	e->role = t ? t->role : 0;
+	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int gt_exit(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if ((__u32)id != tgid) // a thread, not the process
+		return 0;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	int code = BPF_CORE_READ(task, exit_code);
+	__s32 status = (code & 0x7f) ? -(code & 0x7f) : ((code >> 8) & 0xff);
+
+	struct gt_sandbox *sb = bpf_map_lookup_elem(&gt_sandboxes, &tgid);
+	if (sb) {
+		struct proc_event *e = gt_proc_reserve(GT_EV_SANDBOX_END);
+		if (e) {
+			e->pid = tgid;
+			e->ppid = sb->ppid;
+			e->role = sb->role;
+			e->provider = sb->provider;
+			e->verb = sb->verb;
+			e->start_ns = sb->start_ns;
+			e->exit_code = status;
+			bpf_ringbuf_submit(e, 0);
+		}
+		bpf_map_delete_elem(&gt_sandboxes, &tgid);
+		return 0;
+	}
+	if (!gt_is_target(tgid))
+		return 0;
+	gt_bit_set(tgid, 0);
+	bpf_map_delete_elem(&gt_targets, &tgid);
+	struct proc_event *e = gt_proc_reserve(GT_EV_PROC_EXIT);
+	if (!e)
+		return 0;
+	e->pid = tgid;
+	e->exit_code = status;
+	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
