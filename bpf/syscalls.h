@@ -153,6 +153,12 @@ static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d,
 		return;
 	}
 	__u16 st = c->resp_status;
+	if (st >= 100 && st < 200 && st != 101) {
+		// Interim (100 Continue): not the request's response; wait for
+		// the final one.
+		d->phase = GT_PH_IDLE;
+		return;
+	}
 	__u64 ridx = c->resp_seq - 1;
 	int head = (c->head_ring >> (ridx & 63)) & 1;
 	if (st == 101) {
@@ -344,12 +350,9 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 		// Interim (100 Continue): parse past its header block, keep waiting
 		// for the final response of the same request.
 		c->resp_status = status;
-		d->phase = GT_PH_HEADERS;
 		io->hdr_first = 1;
 		io->mlen = 0;
-		int end = gt_headers(c, io, ubuf, avail);
-		d->phase = GT_PH_IDLE;
-		return end;
+		return gt_headers(c, io, ubuf, avail);
 	}
 	__u64 idx = c->resp_seq++;
 	__u64 bit = 1ULL << (idx & 63);

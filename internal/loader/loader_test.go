@@ -1,0 +1,451 @@
+//go:build linux
+
+package loader
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// These tests load the real BPF objects and drive the kernel HTTP parser with
+// real sockets inside the test process, which is its own target: every
+// message is seen twice, once as written by one end and once as read by the
+// other.
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_PERFMON) to load BPF programs: run go test as root")
+	}
+	if _, err := os.Stat("/sys/kernel/tracing/events/syscalls"); err != nil {
+		t.Skip("needs tracefs mounted at /sys/kernel/tracing (sudo ./scripts/setup mounts it)")
+	}
+}
+
+const allGroups = 1<<11 - 1
+
+type rig struct {
+	t   *testing.T
+	tr  *Tracer
+	mu  sync.Mutex
+	evs []HTTPEvent
+}
+
+func newRig(t *testing.T, mask uint64) *rig {
+	needRoot(t)
+	tr, err := Load(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	var sp [8]uint64
+	for i := range sp {
+		sp[i] = allGroups
+	}
+	if err := tr.SetGate(mask, sp, allGroups, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.AddTarget(os.Getpid(), RoleUnknown); err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, tr: tr}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = tr.Read(ctx, func(raw []byte) {
+			if len(raw) < HTTPEventSize || IsProcEvent(raw[0]) {
+				return
+			}
+			ev := *(*HTTPEvent)(unsafe.Pointer(&raw[0]))
+			r.mu.Lock()
+			r.evs = append(r.evs, ev)
+			r.mu.Unlock()
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// waitFor polls until n events matching f arrived, then returns them.
+func (r *rig) waitFor(n int, f func(*HTTPEvent) bool) []HTTPEvent {
+	r.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var out []HTTPEvent
+		r.mu.Lock()
+		for i := range r.evs {
+			if f(&r.evs[i]) {
+				out = append(out, r.evs[i])
+			}
+		}
+		r.mu.Unlock()
+		if len(out) >= n || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (r *rig) stats() []uint64 {
+	st, err := r.tr.Stats()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return st
+}
+
+func path(e *HTTPEvent) string { return string(e.Path[:e.PathLen]) }
+
+func kindSide(kind, side uint8) func(*HTTPEvent) bool {
+	return func(e *HTTPEvent) bool { return e.Kind == kind && e.Side == side }
+}
+
+// server accepts one connection and hands it to fn.
+func server(t *testing.T, fn func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fn(c)
+	}()
+	return ln.Addr().String()
+}
+
+// readRequest consumes one request (headers + Content-Length body).
+func readRequest(br *bufio.Reader) (string, error) {
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	cl := 0
+	for {
+		h, err := br.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		if h == "\r\n" {
+			break
+		}
+		if strings.HasPrefix(strings.ToLower(h), "content-length:") {
+			fmt.Sscanf(strings.TrimSpace(h[15:]), "%d", &cl)
+		}
+	}
+	_, err = io.CopyN(io.Discard, br, int64(cl))
+	return line, err
+}
+
+func writeAll(t *testing.T, c net.Conn, parts ...string) {
+	for _, p := range parts {
+		if _, err := c.Write([]byte(p)); err != nil {
+			t.Error(err)
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestKeepAliveRequestsPairOnBothEnds(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; i < 3; i++ {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i := 0; i < 3; i++ {
+		writeAll(t, c, fmt.Sprintf("POST /v1/responses?secret=x HTTP/1.1\r\nHost: model:8000\r\nContent-Length: 2\r\n\r\n{}"))
+		resp := make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"))
+		if _, err := io.ReadFull(br, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srvReq := r.waitFor(3, kindSide(EvRequest, SideServer))
+	cliResp := r.waitFor(3, kindSide(EvResponse, SideClient))
+	if len(srvReq) != 3 || len(cliResp) != 3 {
+		t.Fatalf("server requests %d, client responses %d; want 3 and 3", len(srvReq), len(cliResp))
+	}
+	for i, e := range srvReq {
+		if path(&e) != "/v1/responses" || e.Method != MethodPOST || e.BodyLen != 2 {
+			t.Errorf("request %d: path %q method %d body %d; want /v1/responses (query stripped), POST, 2", i, path(&e), e.Method, e.BodyLen)
+		}
+		if host := string(e.Host[:e.HostLen]); host != "model:8000" {
+			t.Errorf("request %d: host %q", i, host)
+		}
+	}
+	for _, e := range cliResp {
+		if e.Status != 200 || e.BodyLen != 5 {
+			t.Errorf("client response: status %d body %d; want 200, 5", e.Status, e.BodyLen)
+		}
+	}
+	// Both ends of one connection see mirrored tuples.
+	s, cl := srvReq[0].Tuple, r.waitFor(1, kindSide(EvRequest, SideClient))[0].Tuple
+	if s.Lport != cl.Rport || s.Rport != cl.Lport || s.Laddr != cl.Raddr {
+		t.Errorf("tuples do not mirror: server %+v client %+v", s, cl)
+	}
+}
+
+func TestSplitRequestAndLateTraceparent(t *testing.T) {
+	r := newRig(t, allGroups)
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := readRequest(br); err != nil {
+			return
+		}
+		writeAll(t, c, "HTTP/1.1 204 No Content\r\n\r\n")
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Request line, then headers in two writes (traceparent in the second
+	// read of the header block), then the body.
+	writeAll(t, c, "POST /verify HTTP/1.1\r\n", "Host: res\r\nContent-Type: application/json\r\n",
+		"traceparent: "+tp+"\r\nContent-Length: 11\r\n\r\n", `{"ok":true}`)
+	_, _ = bufio.NewReader(c).ReadString('\n')
+	got := r.waitFor(1, kindSide(EvRequest, SideServer))
+	if len(got) != 1 {
+		t.Fatalf("server requests: %d, want 1", len(got))
+	}
+	e := got[0]
+	if path(&e) != "/verify" || e.BodyLen != 11 || e.Flags&FlagTraceparent == 0 || string(e.Traceparent[:55]) != tp {
+		t.Errorf("got path %q body %d flags %#x tp %q", path(&e), e.BodyLen, e.Flags, e.Traceparent[:55])
+	}
+	if resp := r.waitFor(1, kindSide(EvResponse, SideServer)); len(resp) != 1 || resp[0].Status != 204 {
+		t.Errorf("204 response not seen or wrong: %+v", resp)
+	}
+}
+
+func TestChunkedResponseEndsAtLastChunk(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := readRequest(br); err != nil {
+			return
+		}
+		writeAll(t, c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n")
+		for i := 0; i < 20; i++ {
+			d := fmt.Sprintf("data: {\"delta\": %d}\n\n", i)
+			writeAll(t, c, fmt.Sprintf("%x\r\n%s\r\n", len(d), d))
+		}
+		writeAll(t, c, "0\r\n\r\n")
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	writeAll(t, c, "POST /v1/chat/completions HTTP/1.1\r\nHost: m\r\nContent-Length: 2\r\n\r\n{}")
+	buf := make([]byte, 64<<10)
+	var all []byte
+	for !strings.HasSuffix(string(all), "0\r\n\r\n") {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, buf[:n]...)
+	}
+	for _, side := range []uint8{SideServer, SideClient} {
+		got := r.waitFor(1, kindSide(EvResponse, side))
+		if len(got) != 1 {
+			t.Fatalf("side %d: %d responses, want 1", side, len(got))
+		}
+		e := got[0]
+		if e.Flags&FlagChunked == 0 || e.Flags&FlagBodyUnknown != 0 {
+			t.Errorf("side %d: flags %#x: want chunked with framing followed", side, e.Flags)
+		}
+		if e.EndNs-e.StartNs < uint64(80*time.Millisecond) {
+			t.Errorf("side %d: response lasted %v; the 20 chunks took >= 100ms, so it ended early", side, time.Duration(e.EndNs-e.StartNs))
+		}
+	}
+}
+
+func TestLargeBodiesAndPipelining(t *testing.T) {
+	r := newRig(t, allGroups)
+	big := strings.Repeat("x", 1<<20)
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; i < 3; i++ {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+		}
+		// Responses only after all three requests: pipelining.
+		for i := 0; i < 2; i++ {
+			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+		writeAll(t, c, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(big)), big)
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Two requests in one write, then a 1 MiB body.
+	writeAll(t, c, "GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n\r\n",
+		fmt.Sprintf("POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n", len(big)), big)
+	small := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	want := 2*len(small) + len(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(big))) + len(big)
+	got := 0
+	buf := make([]byte, 1<<16)
+	for got < want {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+	reqs := r.waitFor(3, kindSide(EvRequest, SideServer))
+	if len(reqs) != 3 {
+		t.Fatalf("server saw %d requests, want 3", len(reqs))
+	}
+	for i, wantPath := range []string{"/a", "/b", "/c"} {
+		if path(&reqs[i]) != wantPath {
+			t.Errorf("request %d: %q, want %q", i, path(&reqs[i]), wantPath)
+		}
+	}
+	if reqs[2].BodyLen != uint64(len(big)) {
+		t.Errorf("1 MiB request body counted as %d", reqs[2].BodyLen)
+	}
+	resps := r.waitFor(3, kindSide(EvResponse, SideClient))
+	if len(resps) != 3 || resps[2].BodyLen != uint64(len(big)) {
+		t.Fatalf("client responses %d (last body %v), want 3 with a 1 MiB last body", len(resps), resps)
+	}
+}
+
+func TestGateDropsDisabledGroupsInKernel(t *testing.T) {
+	// Only http_client enabled: the server end of the same traffic is
+	// discarded before any record is reserved.
+	r := newRig(t, 1<<2)
+	before := r.stats()
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := readRequest(br); err != nil {
+			return
+		}
+		writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	writeAll(t, c, "GET /get_weather HTTP/1.1\r\nHost: h\r\n\r\n")
+	_, _ = bufio.NewReader(c).ReadString('\n')
+	if got := r.waitFor(2, kindSide(EvResponse, SideClient)); len(got) != 1 {
+		t.Fatalf("client responses: %d, want 1", len(got))
+	}
+	time.Sleep(100 * time.Millisecond)
+	if srv := r.waitFor(0, func(e *HTTPEvent) bool { return e.Side == SideServer }); len(srv) != 0 {
+		t.Errorf("server-side records emitted with server disabled: %d", len(srv))
+	}
+	after := r.stats()
+	if d := after[StatDiscarded+1] - before[StatDiscarded+1]; d < 1 {
+		t.Errorf("discarded[server] moved by %d, want >= 1", d)
+	}
+	if e := after[StatEmitted+2] - before[StatEmitted+2]; e < 1 {
+		t.Errorf("emitted[http_client] moved by %d, want >= 1", e)
+	}
+}
+
+func TestNonHTTPIgnored(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			c.Write(buf[:n])
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, p := range []string{"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "garbage\x00\xff\r\n\r\n", "GETX / HTTP/1.1\r\n\r\n"} {
+		writeAll(t, c, p)
+		io.ReadFull(c, make([]byte, len(p)))
+	}
+	time.Sleep(200 * time.Millisecond)
+	if got := r.waitFor(0, func(*HTTPEvent) bool { return true }); len(got) != 0 {
+		t.Errorf("non-HTTP bytes produced %d records: %+v", len(got), got[0])
+	}
+	if st := r.stats(); st[StatNotHTTP] == 0 {
+		t.Error("not_http counter did not move")
+	}
+}
+
+func TestHeadAndContinue(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		// HEAD: the response announces a length but carries no body.
+		if _, err := readRequest(br); err != nil {
+			return
+		}
+		writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+		// Expect: 100-continue: an interim response, then the final one.
+		line, _ := br.ReadString('\n')
+		for h, _ := br.ReadString('\n'); h != "\r\n"; h, _ = br.ReadString('\n') {
+		}
+		_ = line
+		writeAll(t, c, "HTTP/1.1 100 Continue\r\n\r\n")
+		io.CopyN(io.Discard, br, 4)
+		writeAll(t, c, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	writeAll(t, c, "HEAD /reverify_mode HTTP/1.1\r\nHost: h\r\n\r\n")
+	for h, _ := br.ReadString('\n'); h != "\r\n"; h, _ = br.ReadString('\n') {
+	}
+	writeAll(t, c, "POST /seed_session HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+	for h, _ := br.ReadString('\n'); h != "\r\n"; h, _ = br.ReadString('\n') {
+	}
+	writeAll(t, c, "abcd")
+	io.ReadFull(br, make([]byte, len("HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")))
+	resps := r.waitFor(2, kindSide(EvResponse, SideClient))
+	if len(resps) != 2 {
+		t.Fatalf("client responses %d, want 2 (the interim 100 is not a response of its own)", len(resps))
+	}
+	if resps[0].Status != 200 || resps[0].BodyLen != 0 {
+		t.Errorf("HEAD response: status %d body %d; want 200 with no body", resps[0].Status, resps[0].BodyLen)
+	}
+	if resps[1].Status != 201 || resps[1].BodyLen != 2 {
+		t.Errorf("final response after 100-continue: status %d body %d; want 201, 2", resps[1].Status, resps[1].BodyLen)
+	}
+}
