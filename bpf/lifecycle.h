@@ -111,45 +111,79 @@ static __always_inline int gt_is_entry_point(const char *b, int n)
 	       GT_NAME_IS(b, n, "gym");
 }
 
-// The verb from argv: docker run|exec, apptainer instance start|exec, enroot create|start|exec.
+// The verb from argv: docker run|exec, apptainer instance start|exec,
+// enroot create|start|exec. Options before the verb (docker --context x exec)
+// are skipped; only these few argv words are ever looked at.
 static __always_inline __u8 gt_sandbox_verb(__u8 provider)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u64 arg = BPF_CORE_READ(task, mm, arg_start);
+	__u64 p = BPF_CORE_READ(task, mm, arg_start);
 	__u64 end = BPF_CORE_READ(task, mm, arg_end);
-	char a[48] = {};
-	__u64 n = end - arg;
-	if (n > sizeof(a))
-		n = sizeof(a);
-	if (!arg || bpf_probe_read_user(a, n & 63, (void *)arg))
-		return GT_SBV_OTHER;
-	// Skip argv[0].
-	int i = 0;
+	char w[16];
+	__u8 verb = GT_SBV_OTHER;
+	int skip_value = 0, instance = 0;
+	// argv[0], then up to 5 words.
 #pragma unroll
-	for (int j = 0; j < 24; j++)
-		if (i == j && a[j])
-			i++;
-	i++;
-	if (i >= 40)
-		return GT_SBV_OTHER;
-	const char *v = &a[i & 31];
-	if (provider == GT_SB_DOCKER) {
-		if (!__builtin_memcmp(v, "run\0", 4) || !__builtin_memcmp(v, "create\0", 7))
-			return GT_SBV_START;
-		if (!__builtin_memcmp(v, "exec\0", 5))
-			return GT_SBV_EXEC;
-	} else if (provider == GT_SB_APPTAINER) {
-		if (!__builtin_memcmp(v, "instance\0start", 14))
-			return GT_SBV_START;
-		if (!__builtin_memcmp(v, "exec\0", 5) || !__builtin_memcmp(v, "run\0", 4))
-			return GT_SBV_EXEC;
-	} else if (provider == GT_SB_ENROOT) {
-		if (!__builtin_memcmp(v, "create\0", 7) || !__builtin_memcmp(v, "start\0", 6))
-			return GT_SBV_START;
-		if (!__builtin_memcmp(v, "exec\0", 5))
-			return GT_SBV_EXEC;
+	for (int k = 0; k < 6; k++) {
+		if (!p || p >= end)
+			break;
+		__builtin_memset(w, 0, sizeof(w));
+		long n = bpf_probe_read_user_str(w, sizeof(w), (void *)p);
+		if (n <= 0)
+			break;
+		if (n == sizeof(w)) {
+			// A word longer than w: find its end to step over it.
+			char big[128];
+			n = bpf_probe_read_user_str(big, sizeof(big), (void *)p);
+			if (n <= 0)
+				break;
+		}
+		p += n;
+		if (k == 0)
+			continue;
+		if (skip_value) {
+			skip_value = 0;
+			continue;
+		}
+		if (w[0] == '-') {
+			// Global options that take a separate value.
+			if (!__builtin_memcmp(w, "--context\0", 10) || !__builtin_memcmp(w, "-c\0", 3) ||
+			    !__builtin_memcmp(w, "--host\0", 7) || !__builtin_memcmp(w, "-H\0", 3) ||
+			    !__builtin_memcmp(w, "--config\0", 9) || !__builtin_memcmp(w, "--log-level\0", 12) ||
+			    !__builtin_memcmp(w, "-l\0", 3))
+				skip_value = 1;
+			continue;
+		}
+		if (provider == GT_SB_DOCKER) {
+			if (!__builtin_memcmp(w, "run\0", 4) || !__builtin_memcmp(w, "create\0", 7))
+				verb = GT_SBV_START;
+			else if (!__builtin_memcmp(w, "exec\0", 5))
+				verb = GT_SBV_EXEC;
+			break;
+		}
+		if (provider == GT_SB_APPTAINER) {
+			if (instance) {
+				if (!__builtin_memcmp(w, "start\0", 6))
+					verb = GT_SBV_START;
+				break;
+			}
+			if (!__builtin_memcmp(w, "instance\0", 9)) {
+				instance = 1;
+				continue;
+			}
+			if (!__builtin_memcmp(w, "exec\0", 5) || !__builtin_memcmp(w, "run\0", 4))
+				verb = GT_SBV_EXEC;
+			break;
+		}
+		if (provider == GT_SB_ENROOT) {
+			if (!__builtin_memcmp(w, "create\0", 7) || !__builtin_memcmp(w, "start\0", 6))
+				verb = GT_SBV_START;
+			else if (!__builtin_memcmp(w, "exec\0", 5))
+				verb = GT_SBV_EXEC;
+			break;
+		}
 	}
-	return GT_SBV_OTHER;
+	return verb;
 }
 
 SEC("tracepoint/sched/sched_process_exec")
@@ -191,7 +225,9 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 	struct gt_target *t = bpf_map_lookup_elem(&gt_targets, &tgid);
 	struct gt_config *cfg = gt_cfg();
 	__u8 provider = gt_provider(base, n);
-	if (provider != GT_SB_NONE && t && (t->flags & GT_TARGET_CHILD)) {
+	struct task_struct *cur = (struct task_struct *)bpf_get_current_task();
+	__u32 parent_tgid = BPF_CORE_READ(cur, real_parent, tgid);
+	if (provider != GT_SB_NONE && t && ((t->flags & GT_TARGET_CHILD) || gt_is_target(parent_tgid))) {
 		// A sandbox CLI: traced for its lifecycle only, never for its HTTP.
 		gt_bit_set(tgid, 0);
 		__u32 ppid = 0;
@@ -259,6 +295,8 @@ int gt_exit(void *ctx)
 			bpf_ringbuf_submit(e, 0);
 		}
 		bpf_map_delete_elem(&gt_sandboxes, &tgid);
+		gt_bit_set(tgid, 0);
+		bpf_map_delete_elem(&gt_targets, &tgid);
 		return 0;
 	}
 	if (!gt_is_target(tgid))

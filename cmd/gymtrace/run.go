@@ -25,7 +25,9 @@ import (
 	"github.com/gymtrace/gymtrace/internal/loader"
 	"github.com/gymtrace/gymtrace/internal/metrics"
 	"github.com/gymtrace/gymtrace/internal/preflight"
+	"github.com/gymtrace/gymtrace/internal/privs"
 	"github.com/gymtrace/gymtrace/internal/spans"
+	gttls "github.com/gymtrace/gymtrace/internal/tls"
 )
 
 // tracer is one running gymtrace: discovery feeds targets to the loader, the
@@ -34,6 +36,7 @@ type tracer struct {
 	log   *slog.Logger
 	cfg   *config.Config
 	kern  *loader.Tracer
+	tls   *gttls.Attacher // HTTPS: OpenSSL probes per target
 	spans *spans.Pipeline
 	out   *export.Pipeline
 
@@ -77,6 +80,10 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	if err := t.applyMask(cfg.Mask, cfg.RolloutIDs); err != nil {
 		return err
 	}
+	if t.tls, err = newTLSAttacher(kern, cfg.Mask, log); err != nil {
+		return err
+	}
+	defer t.tls.Close()
 
 	// Userspace pipeline and exporter.
 	b, err := spans.NewBuilder(spans.Options{
@@ -132,6 +139,8 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(1)
+	go func() { defer wg.Done(); _ = t.tls.Run(runCtx) }() // picks up lazily imported libssl
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if err := w.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
@@ -141,6 +150,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 
 	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
 		"exporter", cfg.Exporter)
+	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask)})
 	if m != nil {
 		m.SetReady()
 	}
@@ -157,6 +167,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 				return err
 			}
 			t.spans.Builder().SetMask(nc.Mask)
+			t.tls.SetEnabled(tlsWanted(nc.Mask))
 			warnJoin(log, nc.Mask)
 			log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
 			return nil
@@ -219,13 +230,28 @@ func (t *tracer) procEvent(w *discover.Watcher, raw []byte) {
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(&ev)), loader.ProcEventSize), raw)
 	switch ev.Kind {
 	case loader.EvProcFork:
+		// The kernel already traces the child with its parent's role; until
+		// discovery inspects it, it is known by its parent's identity (a
+		// uvicorn worker serves as its parent's server).
+		if parent := t.lookup(int(ev.Ppid)); parent != nil && t.lookup(int(ev.Pid)) == nil {
+			child := *parent
+			child.PID, child.NSPID, child.PPID, child.Worker = int(ev.Pid), 0, parent.PID, true
+			t.mu.Lock()
+			t.procs[child.PID] = &child
+			t.mu.Unlock()
+		}
 		w.OnFork(int(ev.Pid))
 	case loader.EvProcExec:
 		w.OnExec(int(ev.Pid))
 	case loader.EvProcExit:
 		w.OnExit(int(ev.Pid))
+		if p := t.lookup(int(ev.Pid)); p != nil && p.Worker {
+			t.mu.Lock()
+			delete(t.procs, int(ev.Pid))
+			t.mu.Unlock()
+		}
 	}
-	// gym.job and gym.sandbox.* spans: see internal/spans (lifecycle.go).
+	t.submit(t.spans.Builder().ProcEvent(&ev))
 }
 
 func (t *tracer) submit(s []spans.Span) {
@@ -249,9 +275,11 @@ func (t *tracer) addTarget(p *discover.Process) {
 		return
 	}
 	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
+	_ = t.tls.Add(p.PID) // failures are logged by the attacher; plain HTTP is traced regardless
 }
 
 func (t *tracer) removeTarget(p *discover.Process) {
+	t.tls.Remove(p.PID)
 	if err := t.kern.RemoveTarget(p.PID); err != nil {
 		t.log.Warn("removing target", "pid", p.PID, "err", err)
 	}
@@ -408,6 +436,9 @@ func (t *tracer) metricSources() metrics.Sources {
 				"conn_full":     st[loader.StatConnFull],
 				"resync":        st[loader.StatResync],
 				"skipped_bytes": st[loader.StatSkippedBytes],
+				"tls_calls":     st[loader.StatTLSCalls],  // OpenSSL probe runs in targets
+				"tls_events":    st[loader.StatTLSEvents], // records from TLS plaintext
+				"tls_linked":    st[loader.StatTLSLinked], // SSL objects tied to their socket
 			}
 		},
 		SpansBuilt: func() map[string]uint64 {

@@ -34,7 +34,7 @@ type bpfGtConn struct {
 	Kind        uint8
 	Side        uint8
 	Started     uint8
-	Pad         uint8
+	Tls         uint8
 	CfgGen      uint32
 	ConnId      uint64
 	ReqSeq      uint64
@@ -69,7 +69,7 @@ type bpfGtConn struct {
 	}
 	RespStatus uint16
 	RespFlags  uint16
-	Pad2       uint32
+	TlsFd      int32
 	Req        struct {
 		_         structs.HostLayout
 		Kind      uint8
@@ -135,6 +135,7 @@ const (
 	bpfGtEventFlagGT_F_ROLLOUT        bpfGtEventFlag = 256
 	bpfGtEventFlagGT_F_HDR_TRUNCATED  bpfGtEventFlag = 512
 	bpfGtEventFlagGT_F_BODY_UNKNOWN   bpfGtEventFlag = 1024
+	bpfGtEventFlagGT_F_TLS            bpfGtEventFlag = 2048
 )
 
 type bpfGtEventKind uint32
@@ -264,6 +265,9 @@ const (
 	bpfGtStatGT_STAT_RESYNC        bpfGtStat = 37
 	bpfGtStatGT_STAT_SKIPPED_BYTES bpfGtStat = 38
 	bpfGtStatGT_STAT_PROC_EVENTS   bpfGtStat = 39
+	bpfGtStatGT_STAT_TLS_CALLS     bpfGtStat = 40
+	bpfGtStatGT_STAT_TLS_EVENTS    bpfGtStat = 41
+	bpfGtStatGT_STAT_TLS_LINKED    bpfGtStat = 42
 	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
 )
 
@@ -280,6 +284,29 @@ type bpfGtTargetFlag uint32
 const (
 	bpfGtTargetFlagGT_TARGET_CHILD bpfGtTargetFlag = 1
 )
+
+type bpfGtTlsCall struct {
+	_      structs.HostLayout
+	Ssl    uint64
+	Buf    uint64
+	Done   uint64
+	Cookie uint64
+}
+
+type bpfGtTlsKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Pad  uint32
+	Ssl  uint64
+}
+
+type bpfGtTlsPending struct {
+	_    structs.HostLayout
+	Ssl  uint64
+	Ts   uint64
+	Tgid uint32
+	Pad  uint32
+}
 
 type bpfHttpEvent struct {
 	_         structs.HostLayout
@@ -356,6 +383,9 @@ const (
 	bpfMapGtStats              = "gt_stats"
 	bpfMapGtTargetBits         = "gt_target_bits"
 	bpfMapGtTargets            = "gt_targets"
+	bpfMapGtTlsCalls           = "gt_tls_calls"
+	bpfMapGtTlsConns           = "gt_tls_conns"
+	bpfMapGtTlsPending         = "gt_tls_pending"
 	bpfProgGtEnterClose        = "gt_enter_close"
 	bpfProgGtExec              = "gt_exec"
 	bpfProgGtExit              = "gt_exit"
@@ -368,6 +398,10 @@ const (
 	bpfProgGtExitWrite         = "gt_exit_write"
 	bpfProgGtExitWritev        = "gt_exit_writev"
 	bpfProgGtFork              = "gt_fork"
+	bpfProgGtTlsFree           = "gt_tls_free"
+	bpfProgGtTlsHandshake      = "gt_tls_handshake"
+	bpfProgGtTlsRwEntry        = "gt_tls_rw_entry"
+	bpfProgGtTlsRwRet          = "gt_tls_rw_ret"
 	bpfVarGtContractCfgFlag    = "gt_contract_cfg_flag"
 	bpfVarGtContractFlag       = "gt_contract_flag"
 	bpfVarGtContractHttpEvent  = "gt_contract_http_event"
@@ -437,6 +471,10 @@ type bpfProgramSpecs struct {
 	GtExitWrite    *ebpf.ProgramSpec `ebpf:"gt_exit_write"`
 	GtExitWritev   *ebpf.ProgramSpec `ebpf:"gt_exit_writev"`
 	GtFork         *ebpf.ProgramSpec `ebpf:"gt_fork"`
+	GtTlsFree      *ebpf.ProgramSpec `ebpf:"gt_tls_free"`
+	GtTlsHandshake *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
+	GtTlsRwEntry   *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
+	GtTlsRwRet     *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
 }
 
 // bpfMapSpecs contains maps before they are loaded into the kernel.
@@ -452,6 +490,9 @@ type bpfMapSpecs struct {
 	GtStats      *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets    *ebpf.MapSpec `ebpf:"gt_targets"`
+	GtTlsCalls   *ebpf.MapSpec `ebpf:"gt_tls_calls"`
+	GtTlsConns   *ebpf.MapSpec `ebpf:"gt_tls_conns"`
+	GtTlsPending *ebpf.MapSpec `ebpf:"gt_tls_pending"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -502,6 +543,9 @@ type bpfMaps struct {
 	GtStats      *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets    *ebpf.Map `ebpf:"gt_targets"`
+	GtTlsCalls   *ebpf.Map `ebpf:"gt_tls_calls"`
+	GtTlsConns   *ebpf.Map `ebpf:"gt_tls_conns"`
+	GtTlsPending *ebpf.Map `ebpf:"gt_tls_pending"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -515,6 +559,9 @@ func (m *bpfMaps) Close() error {
 		m.GtStats,
 		m.GtTargetBits,
 		m.GtTargets,
+		m.GtTlsCalls,
+		m.GtTlsConns,
+		m.GtTlsPending,
 	)
 }
 
@@ -553,6 +600,10 @@ type bpfPrograms struct {
 	GtExitWrite    *ebpf.Program `ebpf:"gt_exit_write"`
 	GtExitWritev   *ebpf.Program `ebpf:"gt_exit_writev"`
 	GtFork         *ebpf.Program `ebpf:"gt_fork"`
+	GtTlsFree      *ebpf.Program `ebpf:"gt_tls_free"`
+	GtTlsHandshake *ebpf.Program `ebpf:"gt_tls_handshake"`
+	GtTlsRwEntry   *ebpf.Program `ebpf:"gt_tls_rw_entry"`
+	GtTlsRwRet     *ebpf.Program `ebpf:"gt_tls_rw_ret"`
 }
 
 func (p *bpfPrograms) Close() error {
@@ -569,6 +620,10 @@ func (p *bpfPrograms) Close() error {
 		p.GtExitWrite,
 		p.GtExitWritev,
 		p.GtFork,
+		p.GtTlsFree,
+		p.GtTlsHandshake,
+		p.GtTlsRwEntry,
+		p.GtTlsRwRet,
 	)
 }
 

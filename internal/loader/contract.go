@@ -102,6 +102,7 @@ const (
 	FlagRollout       = uint16(bpfGtEventFlagGT_F_ROLLOUT)
 	FlagHdrTruncated  = uint16(bpfGtEventFlagGT_F_HDR_TRUNCATED)
 	FlagBodyUnknown   = uint16(bpfGtEventFlagGT_F_BODY_UNKNOWN)
+	FlagTLS           = uint16(bpfGtEventFlagGT_F_TLS) // plaintext seen through the TLS library: https
 )
 
 // Statistics slots in the per-CPU gt_stats array.
@@ -116,6 +117,9 @@ const (
 	StatResync       = uint32(bpfGtStatGT_STAT_RESYNC)
 	StatSkippedBytes = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
 	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
+	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)  // TLS probe runs in targets
+	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS) // records emitted from TLS plaintext
+	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED) // SSL objects linked to their socket
 	StatMax          = uint32(bpfGtStatGT_STAT_MAX)
 )
 

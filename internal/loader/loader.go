@@ -177,7 +177,15 @@ func (t *Tracer) AddTarget(pid int, role uint8) error {
 	if pid <= 0 || pid >= 65536*64 {
 		return fmt.Errorf("pid %d is outside the traceable range 1..%d", pid, 65536*64-1)
 	}
-	if err := t.objs.GtTargets.Put(uint32(pid), Target{Role: role}); err != nil {
+	// Keep what the kernel knows (a child added at fork carries a flag that
+	// makes its exec of a sandbox CLI recognisable).
+	var cur Target
+	if err := t.objs.GtTargets.Lookup(uint32(pid), &cur); err == nil {
+		cur.Role = role
+	} else {
+		cur = Target{Role: role}
+	}
+	if err := t.objs.GtTargets.Put(uint32(pid), cur); err != nil {
 		return fmt.Errorf("adding target %d: %w", pid, err)
 	}
 	return t.setBit(pid, true)
@@ -257,7 +265,30 @@ func (t *Tracer) Programs() map[string]*ebpf.Program {
 	m["sched_process_fork"] = t.objs.GtFork
 	m["sched_process_exec"] = t.objs.GtExec
 	m["sched_process_exit"] = t.objs.GtExit
+	m["tls_rw_entry"] = t.objs.GtTlsRwEntry
+	m["tls_rw_ret"] = t.objs.GtTlsRwRet
+	m["tls_handshake"] = t.objs.GtTlsHandshake
+	m["tls_free"] = t.objs.GtTlsFree
 	return m
+}
+
+// TLSPrograms are the OpenSSL uprobe programs of bpf/tls.h. internal/tls
+// attaches them per process (tls.Programs has the same fields).
+type TLSPrograms struct {
+	RWEntry   *ebpf.Program // entry of the read and write functions
+	RWReturn  *ebpf.Program // their return
+	Handshake *ebpf.Program // SSL_do_handshake entry
+	Free      *ebpf.Program // SSL_free entry
+}
+
+// TLSPrograms returns the TLS uprobe programs; Load attaches none of them.
+func (t *Tracer) TLSPrograms() TLSPrograms {
+	return TLSPrograms{
+		RWEntry:   t.objs.GtTlsRwEntry,
+		RWReturn:  t.objs.GtTlsRwRet,
+		Handshake: t.objs.GtTlsHandshake,
+		Free:      t.objs.GtTlsFree,
+	}
 }
 
 // Close detaches every program and frees the maps.

@@ -52,7 +52,7 @@ type Stats struct {
 	Spans             [groups.Count]uint64 // spans returned, per group bit
 	Unsampled         uint64               // spans built but not returned: their trace was not sampled
 	Truncated         uint64               // spans ended by gymtrace (shutdown, eviction): nemo.span.truncated
-	ParentByContext   uint64               // client requests attributed by asyncio context
+	ParentByContext   uint64               // client requests attributed by asyncio context (sandbox CLIs count in these four too)
 	ParentByNesting   uint64               // client requests attributed as the innermost of one chain of in-flight requests
 	ParentNone        uint64               // client requests with no inbound request in flight: roots
 	ParentAmbiguous   uint64               // client requests with several candidate inbound requests: roots marked unresolved
@@ -66,6 +66,8 @@ type Stats struct {
 	OpenServer        int // inbound exchanges in flight
 	OpenClient        int // outbound exchanges in flight
 	JoinQueue         int // client requests waiting for a server on this node (or their own response)
+	OpenJobs          int // gym.job spans begun, their collector still running
+	OpenSandboxes     int // gym.sandbox.* spans begun, their CLI still running
 }
 
 // node is one span that exists (its group was enabled at request time), from
@@ -158,6 +160,7 @@ type Builder struct {
 	out      []Span
 	epoch    uint64
 	st       Stats
+	lc       lifecycle // gym.job and gym.sandbox.* (lifecycle.go)
 }
 
 // NewBuilder returns a Builder; it fails only when the clock or the id
@@ -226,6 +229,7 @@ func (b *Builder) Stats() Stats {
 	for _, q := range b.tuples {
 		s.JoinQueue += len(q.clients)
 	}
+	s.OpenJobs, s.OpenSandboxes = len(b.lc.jobs), len(b.lc.sandboxes)
 	return s
 }
 
@@ -305,8 +309,9 @@ func (b *Builder) ExchangeDone(x *http.Exchange) {
 	b.finish(x)
 }
 
-// Flush ends every exchange still open now, with nemo.span.truncated=true, and
-// returns them with any spans not yet taken. For shutdown.
+// Flush ends every exchange, gym.job and sandbox CLI still open now, with
+// nemo.span.truncated=true, and returns them with any spans not yet taken.
+// For shutdown.
 func (b *Builder) Flush() []Span {
 	b.mu.Lock()
 	now := b.opt.Clock.NowMono()
@@ -315,6 +320,7 @@ func (b *Builder) Flush() []Span {
 		x.RespStart, x.RespEnd = now, now
 		b.finish(x)
 	}
+	b.flushLifecycle(now)
 	b.mu.Unlock()
 	return b.Take()
 }
@@ -420,6 +426,9 @@ func (b *Builder) startClient(x *http.Exchange) {
 	} else if out.via != nil {
 		out.rollout = out.via.rollout
 	}
+	// A collector's calls belong to its run, not to a request it happens to
+	// be serving (gym eval run serves the head server in-process).
+	job := b.jobParent(x, out.proc, mask)
 	if mask.Has(groups.HTTPClient) {
 		n := b.newNode()
 		switch {
@@ -428,6 +437,9 @@ func (b *Builder) startClient(x *http.Exchange) {
 			// rather than add a second client layer.
 			b.setRemote(n, tp)
 			b.st.OwnTraceparent++
+			out.unresolved = ""
+		case job != nil:
+			n.parent = job
 			out.unresolved = ""
 		case out.via != nil && out.via.gym != nil:
 			n.parent = out.via.gym
@@ -673,7 +685,7 @@ func (b *Builder) finishServer(in *inbound) {
 		attrs = append(attrs,
 			attribute.String("http.request.method", x.Method),
 			attribute.String("url.path", x.Path),
-			attribute.String("url.scheme", "http"),
+			attribute.String("url.scheme", scheme(x)),
 			attribute.String("http.route", in.ri.route),
 		)
 		if x.Status > 0 {
@@ -709,7 +721,7 @@ func (b *Builder) finishClient(out *outbound) {
 	attrs := make([]attribute.KeyValue, 0, 10)
 	attrs = append(attrs,
 		attribute.String("http.request.method", x.Method),
-		attribute.String("url.full", "http://"+hostPort(host, port, x.Host)+x.Path),
+		attribute.String("url.full", scheme(x)+"://"+hostPort(host, port, x.Host)+x.Path),
 		attribute.String("server.address", host),
 		attribute.Int("server.port", port),
 		attribute.Int("network.local.port", int(x.Local.Port())),
@@ -736,6 +748,15 @@ func (b *Builder) finishClient(out *outbound) {
 		name = "HTTP"
 	}
 	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, attrs, status, msg, out.proc)
+}
+
+// scheme is "https" when the kernel read the exchange as TLS plaintext
+// (OpenSSL probes, internal/tls), else "http".
+func scheme(x *http.Exchange) string {
+	if x.Flags()&loader.FlagTLS != 0 {
+		return "https"
+	}
+	return "http"
 }
 
 func serverStatus(x *http.Exchange) (codes.Code, string, string) {
@@ -838,7 +859,19 @@ func validHost(h string) bool {
 
 func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange,
 	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process) {
-	if x.Err == http.ErrShutdown || x.Err == http.ErrEvicted {
+	end := x.RespEnd
+	if end < x.ReqStart {
+		end = max(x.ReqEnd, x.ReqStart)
+	}
+	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
+	b.emitSpan(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p)
+}
+
+// emitSpan returns one finished span (start and end are kernel monotonic ns)
+// unless its trace is not sampled.
+func (b *Builder) emitSpan(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
+	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process) {
+	if truncated {
 		attrs = append(attrs, attribute.Bool("nemo.span.truncated", true))
 		b.st.Truncated++
 	}
@@ -848,9 +881,8 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		b.st.Unsampled++
 		return
 	}
-	end := x.RespEnd
-	if end < x.ReqStart {
-		end = max(x.ReqEnd, x.ReqStart)
+	if end < start {
+		end = start
 	}
 	b.st.Spans[g]++
 	b.out = append(b.out, Span{
@@ -860,7 +892,7 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		SpanID:    n.id,
 		Parent:    n.parentID(),
 		Sampled:   true,
-		Start:     b.opt.Clock.Wall(x.ReqStart),
+		Start:     b.opt.Clock.Wall(start),
 		End:       b.opt.Clock.Wall(end),
 		Attrs:     attrs,
 		Status:    status,
