@@ -11,6 +11,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #include "syscalls.h"
 #include "lifecycle.h"
+#include "python_probes.h" // asyncio causality: PyContext_CopyCurrent return probe
+#include "tls.h" // HTTPS: OpenSSL uprobes, attached per process by internal/tls
 
 // Contract types that no map names are kept in BTF so bpf2go generates them.
 struct http_event gt_contract_http_event __attribute__((unused));

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common/util.h"
+#include "python.h"
 
 struct trace_event_raw_sched_process_exec {
 	struct trace_entry ent;
@@ -20,7 +21,21 @@ struct trace_event_raw_sched_process_exec {
 	int old_pid;
 };
 
+struct gt_cause {
+	__u64 conn; // the inbound request whose handler forked (see http_event.cause_conn)
+	__u64 seq;
+};
+
+// Fork-time cause of each child of a Python target, for its sandbox spans.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct gt_cause);
+} gt_fork_causes SEC(".maps");
+
 struct gt_sandbox {
+	struct gt_cause cause;
 	__u64 start_ns;
 	__u32 ppid;
 	__u8 provider;
@@ -79,13 +94,27 @@ int gt_fork(struct bpf_raw_tracepoint_args *ctx)
 	struct gt_target t = {.role = pt ? pt->role : GT_ROLE_UNKNOWN, .flags = GT_TARGET_CHILD};
 	bpf_map_update_elem(&gt_targets, &ctgid, &t, BPF_ANY);
 	gt_bit_set(ctgid, 1);
+	// The forking thread runs the spawning task (asyncio's subprocess
+	// support forks inline): its request is the sandbox's parent.
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 pyctx = 0, root = 0;
+	struct gt_cause cause = {};
+	if (gt_py_context(ptgid, tid, &pyctx, &root) == GT_PY_OK) {
+		gt_py_cause(root, &cause.conn, &cause.seq);
+		if (cause.conn)
+			bpf_map_update_elem(&gt_fork_causes, &ctgid, &cause, BPF_ANY);
+	}
 	struct proc_event *e = gt_proc_reserve(GT_EV_PROC_FORK);
 	if (!e)
 		return 0;
 	e->role = t.role;
 	e->pid = ctgid;
 	e->ppid = ptgid;
-	e->tid = (__u32)bpf_get_current_pid_tgid();
+	e->tid = tid;
+	e->py_ctx = pyctx;
+	e->py_root = root;
+	e->cause_conn = cause.conn;
+	e->cause_seq = cause.seq;
 	BPF_CORE_READ_STR_INTO(&e->comm, parent, comm);
 	bpf_ringbuf_submit(e, 0);
 	return 0;
@@ -243,6 +272,9 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 				.verb = gt_sandbox_verb(provider),
 				.role = t->role,
 			};
+			struct gt_cause *fc = bpf_map_lookup_elem(&gt_fork_causes, &tgid);
+			if (fc)
+				sb.cause = *fc;
 			bpf_map_update_elem(&gt_sandboxes, &tgid, &sb, BPF_ANY);
 			struct proc_event *e = gt_proc_reserve(GT_EV_SANDBOX_START);
 			if (e) {
@@ -252,6 +284,8 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 				e->provider = provider;
 				e->verb = sb.verb;
 				e->start_ns = sb.start_ns;
+				e->cause_conn = sb.cause.conn;
+				e->cause_seq = sb.cause.seq;
 				bpf_ringbuf_submit(e, 0);
 			}
 		} else {
@@ -292,9 +326,12 @@ int gt_exit(void *ctx)
 			e->verb = sb->verb;
 			e->start_ns = sb->start_ns;
 			e->exit_code = status;
+			e->cause_conn = sb->cause.conn;
+			e->cause_seq = sb->cause.seq;
 			bpf_ringbuf_submit(e, 0);
 		}
 		bpf_map_delete_elem(&gt_sandboxes, &tgid);
+		bpf_map_delete_elem(&gt_fork_causes, &tgid);
 		gt_bit_set(tgid, 0);
 		bpf_map_delete_elem(&gt_targets, &tgid);
 		return 0;

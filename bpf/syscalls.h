@@ -7,6 +7,7 @@
 #pragma once
 
 #include "http.h"
+#include "python.h"
 
 #define GT_EAGAIN 11
 #define GT_EINTR 4
@@ -48,6 +49,8 @@ struct gt_msghdr {
 	__u64 iovlen;
 };
 
+#include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
+
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
@@ -71,6 +74,7 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 		return;
 	}
 	__builtin_memcpy(e, &c->req, sizeof(*e));
+	e->flags |= gt_tls_ev_flag(c);
 	e->end_ns = io->now;
 	e->body_len = d->body_len;
 	bpf_ringbuf_submit(e, 0);
@@ -88,7 +92,7 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 	e->kind = GT_EV_RESPONSE;
 	e->side = c->side;
 	e->role = io->role;
-	e->flags = c->resp_flags | extra;
+	e->flags = c->resp_flags | extra | gt_tls_ev_flag(c);
 	e->status = c->resp_status;
 	e->pid = io->tgid;
 	e->tid = io->tid;
@@ -113,7 +117,7 @@ static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, _
 	e->kind = GT_EV_CLOSE;
 	e->side = c->side;
 	e->role = io->role;
-	e->flags = flags;
+	e->flags = flags | gt_tls_ev_flag(c);
 	e->pid = io->tgid;
 	e->tid = io->tid;
 	e->fd = io->fd;
@@ -272,6 +276,37 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 	d->start_ns = now;
 }
 
+// asyncio causality at a message start (bpf/python.h). Server request: its
+// reader context, and the context that started the connection's previous
+// response, may create the request's handler task (spawners). Server
+// response: remember its context for the next request. Client request: name
+// the inbound request whose handler makes the call. One map lookup and out
+// for processes that are not Python.
+__noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
+{
+	if (!c || !io)
+		return 0;
+	__u64 ctx, root;
+	if (gt_py_context(io->tgid, io->tid, &ctx, &root) != GT_PY_OK)
+		return 0;
+	int is_req = c->dir[io->dir & 1].is_req;
+	if (c->side == GT_SIDE_SERVER) {
+		if (is_req) {
+			gt_py_mark_spawner(ctx, io->tgid, io->fd, c->conn_id);
+			gt_py_mark_spawner(c->last_resp_ctx, io->tgid, io->fd, c->conn_id);
+			c->req.py_ctx = ctx;
+			c->req.py_root = root;
+		} else {
+			c->last_resp_ctx = ctx;
+		}
+	} else if (is_req) {
+		c->req.py_ctx = ctx;
+		c->req.py_root = root;
+		gt_py_cause(root, &c->req.cause_conn, &c->req.cause_seq);
+	}
+	return 0;
+}
+
 // A request line starts at ubuf. Decides the gate for the whole exchange.
 static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u64 ubuf,
 					    __u32 avail, __u8 method, __u8 mlen)
@@ -304,6 +339,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	ev->rollout.attempt = -1;
 	if (!c->started)
 		ev->flags |= GT_F_RESYNC;
+	gt_py_note(c, io);
 
 	// The path is needed before the gate can decide (routes pick gym.* groups);
 	// it is read into the per-CPU scratch, never into the ring buffer, so a
@@ -354,6 +390,11 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 		io->mlen = 0;
 		return gt_headers(c, io, ubuf, avail);
 	}
+	// Even for a gated-off exchange: the next request's handler task may be
+	// born from this response's context (keep-alive), and must not inherit
+	// this request's root.
+	if (c->side == GT_SIDE_SERVER)
+		gt_py_note(c, io);
 	__u64 idx = c->resp_seq++;
 	__u64 bit = 1ULL << (idx & 63);
 	if (idx >= c->req_seq || (c->skip_ring & bit) || !(c->emitted_ring & bit)) {
@@ -668,6 +709,9 @@ static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
 
 	struct gt_conn *c = gt_conn_get(&io, 1);
 	if (!c || c->kind != GT_CONN_HTTP)
+		return 0;
+	// Ciphertext of an SSL* the TLS probes follow: linked, then ignored.
+	if (dir == 1 && !c->started && gt_tls_link_write(tgid, io.tid, io.fd, io.now, c, kind, a1))
 		return 0;
 	if (c->side == GT_SIDE_SERVER && !(cfg->server_possible[role & 7] & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
 		return 0;

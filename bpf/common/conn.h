@@ -50,7 +50,7 @@ struct gt_conn {
 	__u8 kind; // enum gt_conn_kind
 	__u8 side; // enum gt_side
 	__u8 started; // a message start has been seen
-	__u8 _pad;
+	__u8 tls;     // enum gt_tls_state (bpf/tls_link.h): 0 for socket connections
 	__u32 cfg_gen;
 	__u64 conn_id;
 	__u64 req_seq;   // requests started
@@ -60,8 +60,9 @@ struct gt_conn {
 	__u64 emitted_ring; // bit (i % 64): request i was emitted
 	struct gt_dir dir[2]; // [0] = bytes read, [1] = bytes written
 	struct gt_tuple tuple;
+	__u64 last_resp_ctx; // asyncio context that started the last response (a spawner candidate)
 	__u16 resp_status;
 	__u16 resp_flags;
-	__u32 _pad2;
+	__s32 tls_fd; // TLS connections: the linked socket's fd, -1 until linked
 	struct http_event req; // the request being assembled
 };

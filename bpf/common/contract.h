@@ -5,6 +5,7 @@
 #pragma once
 
 #include "groups.h"
+#include "python_contract.h"
 
 #define GT_PATH_MAX 128
 #define GT_HOST_MAX 64
@@ -79,6 +80,7 @@ enum gt_event_flag {
 	GT_F_ROLLOUT = 1 << 8,         // rollout holds ids read from a /run body
 	GT_F_HDR_TRUNCATED = 1 << 9,   // the header block was larger than the kernel scans
 	GT_F_BODY_UNKNOWN = 1 << 10,   // framing was lost; the message end is approximate
+	GT_F_TLS = 1 << 11,            // plaintext read through TLS library probes (https)
 };
 
 // Statistics slots of the per-CPU counter array gt_stats.
@@ -93,6 +95,9 @@ enum gt_stat {
 	GT_STAT_RESYNC = 37,       // connections picked up mid-stream
 	GT_STAT_SKIPPED_BYTES = 38,// bytes on gated-off messages never copied out
 	GT_STAT_PROC_EVENTS = 39,  // process lifecycle events emitted
+	GT_STAT_TLS_CALLS = 40,    // TLS library probe runs in target processes
+	GT_STAT_TLS_EVENTS = 41,   // http events emitted from TLS plaintext
+	GT_STAT_TLS_LINKED = 42,   // SSL objects linked to their socket
 	GT_STAT_MAX = 48,
 };
 
@@ -137,7 +142,12 @@ struct http_event {
 	__u64 groups;   // the exchange's group bits that passed the gate
 	__u64 body_len; // body size in bytes (a size, never content)
 	__u64 py_ctx;   // asyncio Context identity of the syscall, 0 when unknown
-	__u64 py_ctx_prev;
+	__u64 py_root;  // the request-handler Context that py_ctx works for (bpf/python.h)
+	// Client requests: the inbound request whose handler made this call, as
+	// the kernel bound it (conn_id and seq of that server request); 0 when
+	// unknown. See gt_py_link.req_conn.
+	__u64 cause_conn;
+	__u64 cause_seq;
 	struct gt_tuple tuple;
 	__u8 path[GT_PATH_MAX]; // request path without the query string
 	__u8 host[GT_HOST_MAX];
@@ -198,6 +208,8 @@ struct proc_event {
 	__u64 ts_ns;  // bpf_ktime_get_ns()
 	__u64 start_ns; // GT_EV_SANDBOX_END: when the sandbox CLI was exec'd
 	__u64 py_ctx; // asyncio context of the forking thread, 0 when unknown
-	__u64 py_ctx_prev;
+	__u64 py_root;
+	__u64 cause_conn; // the inbound request whose handler forked (see http_event)
+	__u64 cause_seq;
 	__u8 comm[16];
 };

@@ -19,8 +19,8 @@
 #define GT_PY_ADDR_MASK 0x0000ffffffffffffULL
 #define GT_PY_GEN_SHIFT 48
 
-// Per-process parameters: the gt_py_procs value, one per traced tgid, written by
-// internal/python.Inspect. Offsets are in bytes; every read is a plain
+// Per-process parameters: the gt_py_procs value, one per traced tgid,
+// written by internal/python.Inspect. Offsets are in bytes; every read is a plain
 // bpf_probe_read_user of the target's memory (no BTF exists for it).
 struct gt_py_params {
 	__u64 runtime;      // address of _PyRuntime in the target
@@ -54,8 +54,9 @@ struct gt_py_thread {
 // `root` is the request this context works for: a context born directly
 // from a spawner context (gt_py_mark_spawner: where a server starts request
 // tasks) is a request's handler task and its own root; every context born
-// from it or its descendants inherits its root at birth. Computing it at birth keeps the
-// answer right after the parent dies and its address is reused.
+// from it or its descendants inherits its root at birth. Computing it at
+// birth keeps the answer right after the parent dies and its address is
+// reused.
 struct gt_py_link {
 	__u64 parent;  // id of the context current at the copy; 0 = none
 	__u64 root;    // id of the request's handler context; 0 = unknown
@@ -63,6 +64,20 @@ struct gt_py_link {
 	__u32 tid;     // thread that made the copy (global id)
 	__u16 gen;     // this context's generation (high bits of its id)
 	__u16 _pad;
+	// The inbound request this context works for, bound in the kernel when
+	// the root is born: the conn_id and seq of the server request whose
+	// reader (a spawner) created the handler task. Inherited by descendants.
+	__u64 req_conn; // 0 = unknown
+	__u64 req_seq;
+};
+
+// gt_py_spawners value: a spawner context and the server connection whose
+// request it may start a handler task for.
+struct gt_py_spawner {
+	__u64 id;      // context id (address | generation)
+	__u64 conn_id; // gt_conn.conn_id of the server connection
+	__u32 tgid;
+	__s32 fd;
 };
 
 // Outcome of gt_py_context, counted per CPU in gt_py_stats.

@@ -40,6 +40,8 @@ type tracer struct {
 	spans *spans.Pipeline
 	out   *export.Pipeline
 
+	py    *pyTargets
+
 	mu    sync.RWMutex
 	procs map[int]*discover.Process
 }
@@ -74,6 +76,8 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	}
 	t.kern = kern
 	defer kern.Close()
+	t.py = newPyTargets(t, cfg.Mask)
+	defer t.py.close()
 	if err := kern.SetRoutes(routeTable()); err != nil {
 		return err
 	}
@@ -150,7 +154,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 
 	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
 		"exporter", cfg.Exporter)
-	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask)})
+	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask)})
 	if m != nil {
 		m.SetReady()
 	}
@@ -167,6 +171,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 				return err
 			}
 			t.spans.Builder().SetMask(nc.Mask)
+			t.py.setMask(nc.Mask)
 			t.tls.SetEnabled(tlsWanted(nc.Mask))
 			warnJoin(log, nc.Mask)
 			log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
@@ -274,6 +279,7 @@ func (t *tracer) addTarget(p *discover.Process) {
 		t.log.Warn("cannot trace process", "pid", p.PID, "err", err)
 		return
 	}
+	t.py.add(p.PID)
 	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
 	_ = t.tls.Add(p.PID) // failures are logged by the attacher; plain HTTP is traced regardless
 }
@@ -283,6 +289,7 @@ func (t *tracer) removeTarget(p *discover.Process) {
 	if err := t.kern.RemoveTarget(p.PID); err != nil {
 		t.log.Warn("removing target", "pid", p.PID, "err", err)
 	}
+	t.py.remove(p.PID)
 	t.mu.Lock()
 	delete(t.procs, p.PID)
 	t.mu.Unlock()

@@ -182,7 +182,9 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		Groups:      ev.Groups,
 		ReqBodyLen:  ev.BodyLen,
 		PyCtx:       ev.PyCtx,
-		PyCtxPrev:   ev.PyCtxPrev,
+		PyRoot:      ev.PyRoot,
+		CauseConn:   ev.CauseConn,
+		CauseSeq:    ev.CauseSeq,
 	}
 	x.Local, x.Remote = Tuple(ev)
 	c.q = append(c.q, x)
@@ -208,7 +210,7 @@ func (a *Assembler) response(ev *loader.HTTPEvent, h Handler) {
 		x.RespStart, x.RespEnd = ev.StartNs, ev.EndNs
 		x.RespFlags = ev.Flags
 		x.RespBodyLen = ev.BodyLen
-		x.RespPyCtx, x.RespPyCtxPrev = ev.PyCtx, ev.PyCtxPrev
+		x.RespPyCtx, x.RespPyRoot = ev.PyCtx, ev.PyRoot
 		if ev.Flags&loader.FlagConnError != 0 {
 			x.Err = ErrConnReset
 		}

@@ -97,9 +97,14 @@ type Exchange struct {
 	RespBodyLen         uint64
 
 	// asyncio Context identities the kernel read at the request's and the
-	// response's syscalls (0 when unknown). See spans.Builder.BindContext.
-	PyCtx, PyCtxPrev         uint64
-	RespPyCtx, RespPyCtxPrev uint64
+	// response's first syscalls (0 when unknown): the context and the
+	// request-handler root it works for (bpf/python.h).
+	PyCtx, PyRoot         uint64
+	RespPyCtx, RespPyRoot uint64
+	// CauseConn/CauseSeq name, for a client request, the inbound request
+	// (server ConnID and Seq) whose handler made the call, as the kernel bound
+	// it through the asyncio context; 0 when unknown.
+	CauseConn, CauseSeq uint64
 
 	// Err is nil when the response completed, else why it did not (ErrConnReset,
 	// ErrClosed, ErrEvicted, ErrShutdown). A response that arrived but whose

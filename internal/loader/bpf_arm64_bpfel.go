@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bpfGtCause struct {
+	_    structs.HostLayout
+	Conn uint64
+	Seq  uint64
+}
+
 type bpfGtConfig struct {
 	_              structs.HostLayout
 	Mask           uint64
@@ -67,10 +73,11 @@ type bpfGtConn struct {
 		Family uint16
 		Pad    uint16
 	}
-	RespStatus uint16
-	RespFlags  uint16
-	TlsFd      int32
-	Req        struct {
+	LastRespCtx uint64
+	RespStatus  uint16
+	RespFlags   uint16
+	TlsFd       int32
+	Req         struct {
 		_         structs.HostLayout
 		Kind      uint8
 		Side      uint8
@@ -90,7 +97,9 @@ type bpfGtConn struct {
 		Groups    uint64
 		BodyLen   uint64
 		PyCtx     uint64
-		PyCtxPrev uint64
+		PyRoot    uint64
+		CauseConn uint64
+		CauseSeq  uint64
 		Tuple     struct {
 			_      structs.HostLayout
 			Laddr  [16]uint8
@@ -166,6 +175,52 @@ const (
 	bpfGtMethodGT_M_TRACE   bpfGtMethod = 9
 )
 
+type bpfGtPyLink struct {
+	_       structs.HostLayout
+	Parent  uint64
+	Root    uint64
+	BornNs  uint64
+	Tid     uint32
+	Gen     uint16
+	Pad     uint16
+	ReqConn uint64
+	ReqSeq  uint64
+}
+
+type bpfGtPyParams struct {
+	_                 structs.HostLayout
+	Runtime           uint64
+	ContextType       uint64
+	PidnsDev          uint64
+	PidnsIno          uint64
+	Version           uint32
+	RuntimeInterpHead uint16
+	InterpNext        uint16
+	InterpThreadsHead uint16
+	TstateNext        uint16
+	TstateNativeTid   uint16
+	TstateContext     uint16
+	CtxPrev           uint16
+	ObType            uint16
+	Pad               [2]uint16
+}
+
+type bpfGtPySpawner struct {
+	_      structs.HostLayout
+	Id     uint64
+	ConnId uint64
+	Tgid   uint32
+	Fd     int32
+}
+
+type bpfGtPyThread struct {
+	_       structs.HostLayout
+	Tstate  uint64
+	RetryNs uint64
+	Tgid    uint32
+	Pad     uint32
+}
+
 type bpfGtRole uint32
 
 const (
@@ -186,6 +241,7 @@ type bpfGtRouteKey struct {
 
 type bpfGtSandbox struct {
 	_        structs.HostLayout
+	Cause    bpfGtCause
 	StartNs  uint64
 	Ppid     uint32
 	Provider uint8
@@ -328,7 +384,9 @@ type bpfHttpEvent struct {
 	Groups    uint64
 	BodyLen   uint64
 	PyCtx     uint64
-	PyCtxPrev uint64
+	PyRoot    uint64
+	CauseConn uint64
+	CauseSeq  uint64
 	Tuple     struct {
 		_      structs.HostLayout
 		Laddr  [16]uint8
@@ -366,7 +424,9 @@ type bpfProcEvent struct {
 	TsNs      uint64
 	StartNs   uint64
 	PyCtx     uint64
-	PyCtxPrev uint64
+	PyRoot    uint64
+	CauseConn uint64
+	CauseSeq  uint64
 	Comm      [16]uint8
 }
 
@@ -377,6 +437,12 @@ const (
 	bpfMapGtConfig             = "gt_config"
 	bpfMapGtConns              = "gt_conns"
 	bpfMapGtEvents             = "gt_events"
+	bpfMapGtForkCauses         = "gt_fork_causes"
+	bpfMapGtPyLinks            = "gt_py_links"
+	bpfMapGtPyProcs            = "gt_py_procs"
+	bpfMapGtPySpawners         = "gt_py_spawners"
+	bpfMapGtPyStats            = "gt_py_stats"
+	bpfMapGtPyThreads          = "gt_py_threads"
 	bpfMapGtRoutes             = "gt_routes"
 	bpfMapGtSandboxes          = "gt_sandboxes"
 	bpfMapGtScratch            = "gt_scratch"
@@ -398,6 +464,7 @@ const (
 	bpfProgGtExitWrite         = "gt_exit_write"
 	bpfProgGtExitWritev        = "gt_exit_writev"
 	bpfProgGtFork              = "gt_fork"
+	bpfProgGtPyCopyRet         = "gt_py_copy_ret"
 	bpfProgGtTlsFree           = "gt_tls_free"
 	bpfProgGtTlsHandshake      = "gt_tls_handshake"
 	bpfProgGtTlsRwEntry        = "gt_tls_rw_entry"
@@ -471,6 +538,7 @@ type bpfProgramSpecs struct {
 	GtExitWrite    *ebpf.ProgramSpec `ebpf:"gt_exit_write"`
 	GtExitWritev   *ebpf.ProgramSpec `ebpf:"gt_exit_writev"`
 	GtFork         *ebpf.ProgramSpec `ebpf:"gt_fork"`
+	GtPyCopyRet    *ebpf.ProgramSpec `ebpf:"gt_py_copy_ret"`
 	GtTlsFree      *ebpf.ProgramSpec `ebpf:"gt_tls_free"`
 	GtTlsHandshake *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry   *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
@@ -484,6 +552,12 @@ type bpfMapSpecs struct {
 	GtConfig     *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
+	GtForkCauses *ebpf.MapSpec `ebpf:"gt_fork_causes"`
+	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
+	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPySpawners *ebpf.MapSpec `ebpf:"gt_py_spawners"`
+	GtPyStats    *ebpf.MapSpec `ebpf:"gt_py_stats"`
+	GtPyThreads  *ebpf.MapSpec `ebpf:"gt_py_threads"`
 	GtRoutes     *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtSandboxes  *ebpf.MapSpec `ebpf:"gt_sandboxes"`
 	GtScratch    *ebpf.MapSpec `ebpf:"gt_scratch"`
@@ -537,6 +611,12 @@ type bpfMaps struct {
 	GtConfig     *ebpf.Map `ebpf:"gt_config"`
 	GtConns      *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents     *ebpf.Map `ebpf:"gt_events"`
+	GtForkCauses *ebpf.Map `ebpf:"gt_fork_causes"`
+	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
+	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPySpawners *ebpf.Map `ebpf:"gt_py_spawners"`
+	GtPyStats    *ebpf.Map `ebpf:"gt_py_stats"`
+	GtPyThreads  *ebpf.Map `ebpf:"gt_py_threads"`
 	GtRoutes     *ebpf.Map `ebpf:"gt_routes"`
 	GtSandboxes  *ebpf.Map `ebpf:"gt_sandboxes"`
 	GtScratch    *ebpf.Map `ebpf:"gt_scratch"`
@@ -553,6 +633,12 @@ func (m *bpfMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtForkCauses,
+		m.GtPyLinks,
+		m.GtPyProcs,
+		m.GtPySpawners,
+		m.GtPyStats,
+		m.GtPyThreads,
 		m.GtRoutes,
 		m.GtSandboxes,
 		m.GtScratch,
@@ -600,6 +686,7 @@ type bpfPrograms struct {
 	GtExitWrite    *ebpf.Program `ebpf:"gt_exit_write"`
 	GtExitWritev   *ebpf.Program `ebpf:"gt_exit_writev"`
 	GtFork         *ebpf.Program `ebpf:"gt_fork"`
+	GtPyCopyRet    *ebpf.Program `ebpf:"gt_py_copy_ret"`
 	GtTlsFree      *ebpf.Program `ebpf:"gt_tls_free"`
 	GtTlsHandshake *ebpf.Program `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry   *ebpf.Program `ebpf:"gt_tls_rw_entry"`
@@ -620,6 +707,7 @@ func (p *bpfPrograms) Close() error {
 		p.GtExitWrite,
 		p.GtExitWritev,
 		p.GtFork,
+		p.GtPyCopyRet,
 		p.GtTlsFree,
 		p.GtTlsHandshake,
 		p.GtTlsRwEntry,

@@ -224,6 +224,26 @@ func (t *Tracer) setBit(pid int, on bool) error {
 	return nil
 }
 
+// SetPython registers a Python target's interpreter layout (internal/python
+// Params, a struct gt_py_params) so the syscall programs can read its asyncio
+// context; nil removes it.
+func (t *Tracer) SetPython(pid int, params any) error {
+	if params == nil {
+		if err := t.objs.GtPyProcs.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forgetting Python process %d: %w", pid, err)
+		}
+		return nil
+	}
+	if err := t.objs.GtPyProcs.Put(uint32(pid), params); err != nil {
+		return fmt.Errorf("registering Python process %d: %w", pid, err)
+	}
+	return nil
+}
+
+// PyCopyProgram is the PyContext_CopyCurrent return probe that links asyncio
+// child contexts to their request (attached per process by internal/python).
+func (t *Tracer) PyCopyProgram() *ebpf.Program { return t.objs.GtPyCopyRet }
+
 // Stats sums the per-CPU counters; index with the Stat* constants.
 func (t *Tracer) Stats() ([]uint64, error) {
 	out := make([]uint64, StatMax)

@@ -251,7 +251,7 @@ func (b *Builder) ForgetProcess(pid int) {
 
 // BindContext records that the asyncio Context ctx of process pid runs on
 // behalf of an inbound request, so an outbound request whose PyCtx or
-// PyCtxPrev is ctx gets that request's span as its parent. The request is
+// PyRoot is ctx gets that request's span as its parent. The request is
 // either the newest in-flight inbound request on server connection connID
 // (the handler task created right after the request was read), or, with
 // connID 0, the request parentCtx is bound to (a child task whose Context was
@@ -460,7 +460,22 @@ func (b *Builder) startClient(x *http.Exchange) {
 // Never a guess between unrelated requests: with several candidates that do
 // not form one chain, it returns nil and sets *why.
 func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
-	for _, k := range [2]uint64{x.PyCtx, x.PyCtxPrev} {
+	// The kernel bound the call to its inbound request through the asyncio
+	// context (bpf/python.h): exact, whatever else is in flight.
+	if x.CauseConn != 0 {
+		for _, in := range b.inflight[x.PID] {
+			if in.x.ConnID == x.CauseConn && in.x.Seq == x.CauseSeq {
+				b.st.ParentByContext++
+				return in
+			}
+		}
+		// Its request is not traced (gated off, or before attach): the call
+		// has no parent here, as in Gym when that request has no span.
+		b.st.ParentNone++
+		*why = "request_not_traced"
+		return nil
+	}
+	for _, k := range [2]uint64{x.PyCtx, x.PyRoot} {
 		if k == 0 {
 			continue
 		}

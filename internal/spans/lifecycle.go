@@ -267,7 +267,8 @@ func (b *Builder) endSandbox(ev *loader.ProcEvent) {
 // server's in-flight requests), its innermost enabled span being the parent.
 func (b *Builder) newSandbox(ev *loader.ProcEvent, start uint64) *sandbox {
 	sb := &sandbox{provider: ev.Provider, verb: ev.Verb, start: start, proc: b.process(ev.Ppid), n: b.newNode()}
-	probe := http.Exchange{PID: ev.Ppid, ReqStart: start, PyCtx: ev.PyCtx, PyCtxPrev: ev.PyCtxPrev}
+	probe := http.Exchange{PID: ev.Ppid, ReqStart: start, PyCtx: ev.PyCtx, PyRoot: ev.PyRoot,
+		CauseConn: ev.CauseConn, CauseSeq: ev.CauseSeq}
 	in := b.cause(&probe, &sb.unresolved)
 	switch {
 	case in != nil && in.gym != nil:

@@ -1,0 +1,258 @@
+// CPython asyncio context at syscall time.
+//
+// A socket syscall in CPython runs with the GIL released, so no "current
+// thread state" global can be trusted there (3.11 clears
+// _PyRuntime.gilstate.tstate_current; 3.12+ keep it in a thread-local the
+// kernel cannot find). Every thread's PyThreadState is still on the list
+// _PyRuntime -> interpreters.head -> threads.head -> next, tagged with the
+// thread's native id, and its `context` field is the contextvars.Context of
+// the asyncio Task (or loop callback) that made the call: asyncio enters the
+// task's Context around every step, and a syscall made by the step runs
+// inside it. So the context identity is read from plain user memory, with the
+// offsets userspace found for this interpreter (internal/python.Inspect).
+//
+// With the link probe attached (bpf/python_probes.h) every context also has
+// a root: the handler context of the inbound request it works for, so an
+// outbound call's record names its request directly (see gt_py_link).
+//
+// Cost (measured, docs/python-causality.md): 170-220 ns a call on a cache
+// hit (3 map lookups, 3 user reads); the thread list is walked only on a
+// thread's first call or after its thread state changed.
+#pragma once
+
+#include "common/python_contract.h"
+
+// Per traced Python process: where its runtime lives and its layout.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); // tgid (initial PID namespace)
+	__type(value, struct gt_py_params);
+} gt_py_procs SEC(".maps");
+
+// tid -> PyThreadState. LRU: exited threads age out without bookkeeping.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid (initial PID namespace)
+	__type(value, struct gt_py_thread);
+} gt_py_threads SEC(".maps");
+
+// PyContext address -> its birth: generation, creator and request root.
+// Written by the copy probe, read at every syscall. Keyed by address, so a
+// recycled Context updates its entry in place (no LRU churn); sized for the
+// live contexts of all traced processes plus recently dead ones.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct gt_py_link);
+} gt_py_links SEC(".maps");
+
+// Spawner contexts: PyContext address -> its id, for the contexts from which
+// a server may start a request's handler task: the protocol callback that
+// read the request, and the step that finished the previous response on the
+// same connection (see gt_py_mark_spawner). A context born directly from
+// one of them is a request's handler task: the root of that request.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct gt_py_spawner);
+} gt_py_spawners SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GT_PY_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} gt_py_stats SEC(".maps");
+
+// A thread the walk did not find is not walked again for this long: non-Python
+// threads of a Python process (native pools) would otherwise walk every call.
+#define GT_PY_MISS_RETRY_NS (100ULL * 1000 * 1000)
+
+static __always_inline void gt_py_stat(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&gt_py_stats, &slot);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline __u64 gt_py_read_u64(__u64 addr)
+{
+	__u64 v = 0;
+	if (bpf_probe_read_user(&v, sizeof(v), (const void *)addr))
+		return 0;
+	return v;
+}
+
+// PyThreadState.native_thread_id holds the id in the process's own PID
+// namespace; bpf_get_current_pid_tgid gives the initial namespace's.
+static __always_inline __u64 gt_py_ns_tid(const struct gt_py_params *p, __u32 tid)
+{
+	if (!p->pidns_ino)
+		return tid;
+	struct bpf_pidns_info ns = {};
+	if (bpf_get_ns_current_pid_tgid(p->pidns_dev, p->pidns_ino, &ns, sizeof(ns)))
+		return 0;
+	return ns.pid;
+}
+
+// Bounded walk of the interpreters' thread lists for the thread whose native
+// id is nstid. New threads are pushed at the head, so a long-lived server's
+// event-loop thread is near the tail only when it started threads after it;
+// GT_PY_MAX_THREADS bounds the verifier's work and the cost of a miss.
+static __always_inline __u64 gt_py_walk(const struct gt_py_params *p, __u64 nstid)
+{
+	__u64 interp = gt_py_read_u64(p->runtime + p->runtime_interp_head);
+	for (int i = 0; i < GT_PY_MAX_INTERPS && interp; i++) {
+		__u64 ts = gt_py_read_u64(interp + p->interp_threads_head);
+		for (int j = 0; j < GT_PY_MAX_THREADS && ts; j++) {
+			__u64 ntid = 0;
+			if (bpf_probe_read_user(&ntid, sizeof(ntid), (const void *)(ts + p->tstate_native_tid)))
+				break;
+			if (ntid == nstid)
+				return ts;
+			ts = gt_py_read_u64(ts + p->tstate_next);
+		}
+		interp = gt_py_read_u64(interp + p->interp_next);
+	}
+	return 0;
+}
+
+// The calling thread's PyThreadState, or 0. Must run on that thread (syscall
+// tracepoints and uprobes do).
+static __always_inline __u64 gt_py_tstate(const struct gt_py_params *p, __u32 tgid, __u32 tid)
+{
+	__u64 nstid = gt_py_ns_tid(p, tid);
+	if (!nstid)
+		return 0;
+	struct gt_py_thread *c = bpf_map_lookup_elem(&gt_py_threads, &tid);
+	if (c && c->tgid == tgid) {
+		if (c->tstate) {
+			// A thread state is freed when its thread ends and the memory
+			// reused; re-checking the id keeps a stale entry from naming
+			// another thread's context.
+			if (gt_py_read_u64(c->tstate + p->tstate_native_tid) == nstid)
+				return c->tstate;
+		} else if (bpf_ktime_get_ns() < c->retry_ns) {
+			return 0;
+		}
+	}
+	gt_py_stat(GT_PY_WALKED);
+	struct gt_py_thread v = {.tgid = tgid};
+	v.tstate = gt_py_walk(p, nstid);
+	if (!v.tstate)
+		v.retry_ns = bpf_ktime_get_ns() + GT_PY_MISS_RETRY_NS;
+	bpf_map_update_elem(&gt_py_threads, &tid, &v, BPF_ANY);
+	return v.tstate;
+}
+
+// Is addr a live PyContext? Catches a wrong offset table and a stale pointer.
+static __always_inline int gt_py_is_context(const struct gt_py_params *p, __u64 addr)
+{
+	return addr && gt_py_read_u64(addr + p->ob_type) == p->context_type;
+}
+
+// The id of context address addr and, when the probe saw it born, its link.
+static __always_inline __u64 gt_py_ctx_id(__u64 addr, struct gt_py_link **link)
+{
+	*link = 0;
+	if (!addr)
+		return 0;
+	addr &= GT_PY_ADDR_MASK;
+	struct gt_py_link *l = bpf_map_lookup_elem(&gt_py_links, &addr);
+	*link = l;
+	return l ? addr | ((__u64)l->gen << GT_PY_GEN_SHIFT) : addr;
+}
+
+// gt_py_context fills the asyncio context identity of the calling thread:
+// *ctx the current contextvars.Context (the running Task's, or the loop
+// callback's) and *root the request it works for (the handler context of an
+// inbound request, see gt_py_link; 0 when unknown or the probe is detached).
+// Returns an enum gt_py_status. Call it from a program running on the thread
+// that made the syscall, with tgid/tid from bpf_get_current_pid_tgid().
+//
+// Use: on a server connection, the record of a response names its request
+// by root (the response is written by the handler task or a descendant);
+// on a client connection, the record of a request (the write, not the
+// response read: a pooled connection's reader belongs to whoever opened it)
+// names the request that made the call by the same root.
+static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u64 *root)
+{
+	*ctx = 0;
+	*root = 0;
+	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
+	if (!p)
+		return GT_PY_NOT_PYTHON;
+
+	int status = GT_PY_OK;
+	__u64 ts = gt_py_tstate(p, tgid, tid);
+	if (!ts) {
+		status = GT_PY_NO_THREAD;
+		goto out;
+	}
+	__u64 c = 0;
+	if (bpf_probe_read_user(&c, sizeof(c), (const void *)(ts + p->tstate_context))) {
+		status = GT_PY_READ_ERROR;
+		goto out;
+	}
+	if (!c) {
+		status = GT_PY_NO_CONTEXT;
+		goto out;
+	}
+	if (!gt_py_is_context(p, c)) {
+		status = GT_PY_BAD_CONTEXT;
+		goto out;
+	}
+	struct gt_py_link *l;
+	*ctx = gt_py_ctx_id(c, &l);
+	if (l)
+		*root = l->root;
+out:
+	gt_py_stat(status);
+	return status;
+}
+
+// gt_py_mark_spawner records ctx (a context id from gt_py_context) as a
+// context from which a server may start a request's handler task. Call it on
+// a server connection at the syscall that reads the first bytes of each
+// inbound request (before Python sees them, so before the task is born), for
+//   1. the context of that read (the connection's protocol callback: uvicorn,
+//      aiohttp.web and asyncio streams start the task right there), and
+//   2. the context that wrote the last bytes of the previous response on the
+//      same connection, if any: when a request arrives while the previous
+//      response is still being sent (keep-alive clients, BaseHTTPMiddleware's
+//      streamed responses), uvicorn starts its task later, from the step that
+//      finishes that response (on_response_complete).
+// A context born from a spawner becomes a root even if it is not the
+// handler (a timer handle, resume_reading's reader handle); such roots own no
+// response, so calls under them stay unattributed, never misattributed.
+static __always_inline void gt_py_mark_spawner(__u64 ctx, __u32 tgid, __s32 fd, __u64 conn_id)
+{
+	if (!ctx)
+		return;
+	__u64 addr = ctx & GT_PY_ADDR_MASK;
+	struct gt_py_spawner *cur = bpf_map_lookup_elem(&gt_py_spawners, &addr);
+	if (cur && cur->id == ctx && cur->conn_id == conn_id)
+		return; // keep-alive: the same reader for every request
+	struct gt_py_spawner sp = {.id = ctx, .conn_id = conn_id, .tgid = tgid, .fd = fd};
+	bpf_map_update_elem(&gt_py_spawners, &addr, &sp, BPF_ANY);
+	gt_py_stat(GT_PY_SPAWNERS);
+}
+
+// The inbound request a context's root was bound to (see gt_py_link).
+static __always_inline void gt_py_cause(__u64 root, __u64 *conn, __u64 *seq)
+{
+	*conn = 0;
+	*seq = 0;
+	if (!root)
+		return;
+	__u64 addr = root & GT_PY_ADDR_MASK;
+	struct gt_py_link *l = bpf_map_lookup_elem(&gt_py_links, &addr);
+	if (!l || (l->gen != (__u16)(root >> GT_PY_GEN_SHIFT)))
+		return; // the root context died and its address was reused
+	*conn = l->req_conn;
+	*seq = l->req_seq;
+}

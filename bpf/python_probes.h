@@ -1,0 +1,106 @@
+// Uprobe programs for CPython context links. Included by bpf/gymtrace.c after
+// bpf/python.h; attached per process by internal/python.AttachProbes only while
+// an enabled span group needs in-process parents (http_client under a server).
+//
+// Why a return probe on PyContext_CopyCurrent: an asyncio Task's Context is a
+// copy of its creator's, made by PyContext_CopyCurrent (exported in every
+// CPython build, called by _asyncio's Task and Future code and by
+// contextvars.copy_context, which loop.call_soon uses). On return the new
+// Context is in the return register and the creator's is still the thread's
+// current context, so one probe yields the whole link; no entry program runs.
+// It also computes the child's request root (see gt_py_link) from the
+// parent's, so a syscall needs one lookup to name its request.
+// With the x86-64 uretprobe trampoline (Linux 6.11+) the return side is a
+// syscall rather than a trap. The entry trap must hit an instruction the
+// kernel emulates: internal/python places it after a leading endbr64 (CET
+// builds such as Debian 13's), on the push that follows. Measured: about
+// 1.3 µs a hit in all (docs/python-causality.md).
+#pragma once
+
+#include "python.h"
+
+// Only the return-value register; CO-RE drops the ___gtpy suffix and
+// relocates against the running kernel's struct pt_regs.
+struct pt_regs___gtpy {
+#if defined(__TARGET_ARCH_x86)
+	unsigned long ax;
+#elif defined(__TARGET_ARCH_arm64)
+	unsigned long regs[31];
+#endif
+} __attribute__((preserve_access_index));
+
+static __always_inline __u64 gt_py_retval(void *ctx)
+{
+	struct pt_regs___gtpy *regs = ctx;
+#if defined(__TARGET_ARCH_x86)
+	return regs->ax;
+#elif defined(__TARGET_ARCH_arm64)
+	return regs->regs[0];
+#else
+	return 0;
+#endif
+}
+
+SEC("uretprobe/PyContext_CopyCurrent")
+int gt_py_copy_ret(void *ctx)
+{
+	__u64 child = gt_py_retval(ctx) & GT_PY_ADDR_MASK;
+	if (!child)
+		return 0; // the copy failed (MemoryError)
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
+	if (!p)
+		return 0;
+
+	// The GIL is held here, so the thread state and its context are stable.
+	__u64 parent = 0;
+	__u64 ts = gt_py_tstate(p, tgid, tid);
+	if (ts)
+		parent = gt_py_read_u64(ts + p->tstate_context) & GT_PY_ADDR_MASK;
+	struct gt_py_link *pl;
+	__u64 parent_id = gt_py_ctx_id(parent, &pl);
+
+	struct gt_py_link *cl = bpf_map_lookup_elem(&gt_py_links, &child);
+	// A new generation for the (likely recycled) address. A fresh address
+	// starts at a random one so that an entry evicted and born again does
+	// not repeat an identity userspace may still hold.
+	__u16 gen = cl ? cl->gen + 1 : (__u16)bpf_get_prandom_u32();
+	if (!gen)
+		gen = 1;
+	__u64 child_id = child | ((__u64)gen << GT_PY_GEN_SHIFT);
+
+	__u64 root = pl ? pl->root : 0;
+	__u64 req_conn = pl ? pl->req_conn : 0, req_seq = pl ? pl->req_seq : 0;
+	struct gt_py_spawner *spawner = parent ? bpf_map_lookup_elem(&gt_py_spawners, &parent) : 0;
+	if (spawner && spawner->id == parent_id) {
+		root = child_id; // born from a spawner: a request's handler task
+		gt_py_stat(GT_PY_ROOTED);
+		// Bind the handler to its request: the newest request started on
+		// the spawner's connection (the task is created right after the
+		// read that completed it, on this thread).
+		struct gt_conn_key ck = {.tgid = spawner->tgid, .fd = spawner->fd};
+		struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &ck);
+		req_conn = 0;
+		if (c && c->conn_id == spawner->conn_id && c->req_seq) {
+			req_conn = c->conn_id;
+			req_seq = c->req_seq - 1;
+		}
+	}
+
+	struct gt_py_link l = {
+		.parent = parent_id,
+		.root = root,
+		.born_ns = bpf_ktime_get_ns(),
+		.tid = tid,
+		.gen = gen,
+		.req_conn = req_conn,
+		.req_seq = req_seq,
+	};
+	if (cl)
+		*cl = l; // in place: no LRU list work on the hot path
+	else
+		bpf_map_update_elem(&gt_py_links, &child, &l, BPF_ANY);
+	gt_py_stat(GT_PY_LINKED);
+	return 0;
+}

@@ -1,0 +1,25 @@
+//go:build linux
+
+package main
+
+import (
+	"log/slog"
+
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/loader"
+	gttls "github.com/gymtrace/gymtrace/internal/tls"
+)
+
+// tlsWanted: the OpenSSL probes feed client and server exchanges only. With
+// both groups off no TLS probe is attached, so targets take no uprobe trap.
+func tlsWanted(m groups.Mask) bool { return m.Has(groups.HTTPClient) || m.Has(groups.Server) }
+
+// newTLSAttacher follows every target's OpenSSL copies (internal/tls).
+func newTLSAttacher(kern *loader.Tracer, m groups.Mask, log *slog.Logger) (*gttls.Attacher, error) {
+	a, err := gttls.NewAttacher(gttls.Programs(kern.TLSPrograms()), gttls.Options{Log: log})
+	if err != nil {
+		return nil, err
+	}
+	a.SetEnabled(tlsWanted(m))
+	return a, nil
+}

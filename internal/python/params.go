@@ -1,0 +1,116 @@
+// Package python finds what the kernel needs to read a CPython process's
+// asyncio context at syscall time (bpf/python.h): the interpreter's ELF, the
+// runtime addresses of _PyRuntime and PyContext_Type, the version and the
+// structure offsets. It also attaches the context-link probe
+// (bpf/python_probes.h) and reads the links it leaves.
+//
+// Nothing here needs debug symbols: the symbols come from .dynsym, which
+// every CPython build exports (stripped Debian binaries included), and the
+// layouts from a small table (3.11, 3.12) or from the interpreter's own
+// _Py_DebugOffsets (3.13+).
+package python
+
+import "fmt"
+
+// Params is the gt_py_procs map value, struct gt_py_params in
+// bpf/common/python_contract.h. Field order and sizes must match it; a test
+// checks them against the compiled object's BTF.
+type Params struct {
+	Runtime           uint64 // address of _PyRuntime in the target
+	ContextType       uint64 // address of PyContext_Type
+	PidnsDev          uint64 // target PID namespace; 0 when it is the initial one
+	PidnsIno          uint64
+	Version           uint32 // PY_VERSION_HEX
+	RuntimeInterpHead uint16
+	InterpNext        uint16
+	InterpThreadsHead uint16
+	TstateNext        uint16
+	TstateNativeTid   uint16
+	TstateContext     uint16
+	CtxPrev           uint16
+	ObType            uint16
+	Pad               [2]uint16
+}
+
+// Link is the gt_py_links map value (struct gt_py_link), keyed by context
+// address: the birth of the context now at that address.
+type Link struct {
+	Parent CtxID  // the context current when it was copied (its creator)
+	Root   CtxID  // the handler context of the request it works for; 0 unknown
+	BornNs uint64 // bpf_ktime_get_ns() (CLOCK_MONOTONIC) of the copy
+	Tid    uint32
+	Gen    uint16
+	Pad    uint16
+	// The inbound request (conn_id, seq) the root was bound to in the
+	// kernel; 0 when unknown (see bpf/common/python_contract.h).
+	ReqConn uint64
+	ReqSeq  uint64
+}
+
+// CtxID is a context identity as the kernel reports it (http_event.py_ctx,
+// gt_py_link fields): the PyContext address in the low 48 bits and a
+// generation in the high 16, because Context objects are recycled.
+type CtxID uint64
+
+const (
+	addrMask = 1<<48 - 1
+	genShift = 48
+)
+
+// Addr is the PyContext object's address in the target process.
+func (c CtxID) Addr() uint64 { return uint64(c) & addrMask }
+
+// Gen is the generation the link probe gave the address at its last birth; 0
+// when the probe never saw it born.
+func (c CtxID) Gen() uint16 { return uint16(uint64(c) >> genShift) }
+
+func (c CtxID) String() string {
+	if c == 0 {
+		return "ctx(none)"
+	}
+	return fmt.Sprintf("ctx(%#x/%d)", c.Addr(), c.Gen())
+}
+
+// Status is enum gt_py_status: the outcome of one gt_py_context call.
+type Status int32
+
+const (
+	StatusOK         Status = 0
+	StatusNotPython  Status = 1
+	StatusNoThread   Status = 2
+	StatusNoContext  Status = 3
+	StatusBadContext Status = 4
+	StatusReadError  Status = 5
+	// Counter slots of gt_py_stats that are not call outcomes.
+	StatWalked   Status = 6
+	StatLinked   Status = 7
+	StatRooted   Status = 8
+	StatSpawners Status = 9
+	statMax      Status = 10
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusOK:
+		return "ok"
+	case StatusNotPython:
+		return "not_python"
+	case StatusNoThread:
+		return "no_thread"
+	case StatusNoContext:
+		return "no_context"
+	case StatusBadContext:
+		return "bad_context"
+	case StatusReadError:
+		return "read_error"
+	case StatWalked:
+		return "walked"
+	case StatLinked:
+		return "linked"
+	case StatRooted:
+		return "rooted"
+	case StatSpawners:
+		return "spawners"
+	}
+	return fmt.Sprintf("status(%d)", int32(s))
+}

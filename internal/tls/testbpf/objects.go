@@ -1,0 +1,48 @@
+package testbpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Objects is the loaded test object.
+type Objects = tlstestObjects
+
+// Event is the http_event record layout.
+type Event = tlstestHttpEvent
+
+// Config is struct gt_config; Target is struct gt_target.
+type (
+	Config = tlstestGtConfig
+	Target = tlstestGtTarget
+)
+
+// Contract values the tests check.
+const (
+	EvRequest     = uint8(tlstestGtEventKindGT_EV_REQUEST)
+	EvResponse    = uint8(tlstestGtEventKindGT_EV_RESPONSE)
+	EvClose       = uint8(tlstestGtEventKindGT_EV_CLOSE)
+	FlagTLS       = uint16(tlstestGtEventFlagGT_F_TLS)
+	FlagChunked   = uint16(tlstestGtEventFlagGT_F_CHUNKED)
+	FlagHost      = uint16(tlstestGtEventFlagGT_F_HOST)
+	StatTLSCalls  = uint32(tlstestGtStatGT_STAT_TLS_CALLS)
+	StatTLSEvents = uint32(tlstestGtStatGT_STAT_TLS_EVENTS)
+	StatTLSLinked = uint32(tlstestGtStatGT_STAT_TLS_LINKED)
+	StatNotHTTP   = uint32(tlstestGtStatGT_STAT_NOT_HTTP)
+	StatMax       = uint32(tlstestGtStatGT_STAT_MAX)
+)
+
+// Load loads the test object into the kernel.
+func Load() (*Objects, error) {
+	var o Objects
+	if err := loadTlstestObjects(&o, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("%+v", ve)
+		}
+		return nil, err
+	}
+	return &o, nil
+}
