@@ -27,7 +27,7 @@ struct gt_io {
 	__u8 dir; // 0: bytes read, 1: bytes written
 	__u8 role;
 	__u8 hdr_first; // gt_headers: the buffer starts with the start line
-	__u8 mlen;      // gt_headers: length of the request method
+	__u8 path_at;   // gt_headers: offset of the request target in the buffer
 	// The gate, copied from gt_config: global functions take no map pointers.
 	__u32 cfg_flags;
 	__u32 cfg_gen;
@@ -50,6 +50,12 @@ struct gt_msghdr {
 };
 
 #include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
+
+#ifdef GT_INJECT
+// traceparent injection (bpf/inject.h, included after this file): told about
+// every request start the parser accepts.
+__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io, __u64 ubuf);
+#endif
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
 {
@@ -197,7 +203,7 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 		return -1;
 	struct gt_dir *d = &c->dir[io->dir & 1];
 	int first = io->hdr_first;
-	__u8 mlen = io->mlen;
+	__u8 path_at = io->path_at;
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
 		return -1;
@@ -207,7 +213,7 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	if (first) {
 		sc->scan.skip = 1; // the start line is not a header
 		if (d->is_req)
-			gt_copy_path(sc->buf, mlen + 1, n, &c->req);
+			gt_copy_path(sc->buf, path_at, n, &c->req);
 	} else {
 		sc->scan.skip = d->mid_line;
 	}
@@ -309,7 +315,7 @@ __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 
 // A request line starts at ubuf. Decides the gate for the whole exchange.
 static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u64 ubuf,
-					    __u32 avail, __u8 method, __u8 mlen)
+					    __u32 avail, __u8 method, __u8 path_at)
 {
 	__u64 idx = c->req_seq++;
 	__u64 bit = 1ULL << (idx & 63);
@@ -340,6 +346,9 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	if (!c->started)
 		ev->flags |= GT_F_RESYNC;
 	gt_py_note(c, io);
+#ifdef GT_INJECT
+	gt_inject_note(c, io, ubuf);
+#endif
 
 	// The path is needed before the gate can decide (routes pick gym.* groups);
 	// it is read into the per-CPU scratch, never into the ring buffer, so a
@@ -350,7 +359,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	__u32 n = avail > GT_PATH_MAX + 16 ? GT_PATH_MAX + 16 : avail;
 	if (bpf_probe_read_user(sc->buf, n & 0xff, (void *)ubuf))
 		return -1;
-	gt_copy_path(sc->buf, mlen + 1, n, ev);
+	gt_copy_path(sc->buf, path_at, n, ev);
 
 	__u64 groups;
 	__u64 mask = io->mask;
@@ -374,7 +383,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	d->scan_rollout = (groups & GT_GROUP_ROLLOUT) && (io->mask & GT_GROUP_ROLLOUT) &&
 			  (io->cfg_flags & GT_CFG_ROLLOUT_IDS);
 	io->hdr_first = 1;
-	io->mlen = mlen;
+	io->path_at = path_at;
 	return gt_headers(c, io, ubuf, avail);
 }
 
@@ -387,7 +396,7 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 		// for the final response of the same request.
 		c->resp_status = status;
 		io->hdr_first = 1;
-		io->mlen = 0;
+		io->path_at = 0;
 		return gt_headers(c, io, ubuf, avail);
 	}
 	// Even for a gated-off exchange: the next request's handler task may be
@@ -408,7 +417,7 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	c->resp_status = status;
 	c->resp_flags = 0;
 	io->hdr_first = 1;
-	io->mlen = 0;
+	io->path_at = 0;
 	return gt_headers(c, io, ubuf, avail);
 }
 
@@ -499,6 +508,54 @@ __noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 	return sc->loops.chunk_off;
 }
 
+// Reads the first bytes of a buffer that should start a message into
+// sc->peek, after any bytes kept from the previous syscall of the same
+// direction. Returns their count, or 0 when the buffer was too short to tell
+// and was kept (Go's net/http server reads a single byte ahead after each
+// request, so a request's first byte can arrive alone).
+__noinline int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+{
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc || !c || !io)
+		return -1;
+	__u32 pl = (c->partial_len && c->partial_dir == io->dir) ? c->partial_len : 0;
+	c->partial_len = 0;
+	if (pl > sizeof(c->partial))
+		pl = sizeof(c->partial);
+	__builtin_memcpy(sc->peek, c->partial, sizeof(c->partial));
+	__u32 room = GT_PEEK - pl;
+	__u32 got = avail < room ? avail : room;
+	if (got == 0 || got > GT_PEEK)
+		return -1;
+	if (bpf_probe_read_user(&sc->peek[pl & 15], got, (void *)ubuf))
+		return -1;
+	__u32 n = pl + got;
+	if (pl || avail >= 12)
+		return n;
+	// Fewer bytes than a start line needs: keep them if they could be its
+	// head (upper-case letters, or a prefix of "HTTP/1."). A wrong guess
+	// costs nothing: the next syscall completes a start or they are dropped.
+	const char http[] = "HTTP/1.";
+	sc->peek_flags = 0;
+	int j;
+	gt_for(j, 0, 11)
+	{
+		if (j >= n)
+			break;
+		__u8 ch = sc->peek[j & 31];
+		if (ch < 'A' || ch > 'Z')
+			sc->peek_flags |= 1;
+		if (j < 7 && ch != (__u8)http[j & 7])
+			sc->peek_flags |= 2;
+	}
+	if ((sc->peek_flags & 3) == 3)
+		return n; // not a start: let the caller count it
+	__builtin_memcpy(c->partial, sc->peek, sizeof(c->partial));
+	c->partial_len = n;
+	c->partial_dir = io->dir;
+	return 0;
+}
+
 // One step of the state machine at offset off of a user buffer: consumes a
 // message start, a header block, or body bytes. Returns bytes consumed, or -1
 // when the rest of the buffer is to be ignored.
@@ -511,13 +568,16 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 	switch (d->phase) {
 	case GT_PH_IDLE:
 	case GT_PH_SKIP: {
-		__u8 peek[GT_PEEK] = {};
-		__u32 n = avail < GT_PEEK ? avail : GT_PEEK;
-		if (bpf_probe_read_user(peek, n & 31, (void *)(ubuf + off)))
+		struct gt_scratch *sc = gt_get_scratch();
+		if (!sc)
 			return -1;
+		__u32 pl = (c->partial_len && c->partial_dir == io->dir) ? c->partial_len : 0;
+		int n = gt_peek_start(c, io, ubuf + off, avail);
+		if (n <= 0)
+			return -1; // read error, or kept as a partial start
 		__u16 arg = 0;
 		__u8 mlen = 0;
-		int kind = gt_classify(peek, n, &arg, &mlen);
+		int kind = gt_classify(sc->peek, n, &arg, &mlen);
 		if (kind == GT_START_NONE) {
 			if (d->phase == GT_PH_IDLE) {
 				// Not at a message start: a connection picked up mid-body,
@@ -546,8 +606,12 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 			return -1;
 		}
 		int r;
-		if (kind == GT_START_REQUEST)
-			r = gt_start_request(c, d, io, ubuf + off, avail, arg, mlen);
+		if (kind == GT_START_REQUEST) {
+			// The request target, in this buffer (the method may have come
+			// before, in the kept partial bytes).
+			int at = (int)mlen + 1 - (int)pl;
+			r = gt_start_request(c, d, io, ubuf + off, avail, arg, at < 0 ? 0 : at);
+		}
 		else
 			r = gt_start_response(c, d, io, ubuf + off, avail, arg);
 		c->started = 1;

@@ -61,6 +61,12 @@ struct gt_conn {
 	struct gt_dir dir[2]; // [0] = bytes read, [1] = bytes written
 	struct gt_tuple tuple;
 	__u64 last_resp_ctx; // asyncio context that started the last response (a spawner candidate)
+	// The first bytes of a message start that arrived alone (Go's net/http
+	// server reads 1 byte after each request): kept until the next syscall
+	// completes them.
+	__u8 partial_len;
+	__u8 partial_dir;
+	__u8 partial[14];
 	__u16 resp_status;
 	__u16 resp_flags;
 	__s32 tls_fd; // TLS connections: the linked socket's fd, -1 until linked

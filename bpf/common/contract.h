@@ -81,6 +81,7 @@ enum gt_event_flag {
 	GT_F_HDR_TRUNCATED = 1 << 9,   // the header block was larger than the kernel scans
 	GT_F_BODY_UNKNOWN = 1 << 10,   // framing was lost; the message end is approximate
 	GT_F_TLS = 1 << 11,            // plaintext read through TLS library probes (https)
+	GT_F_INJECTED = 1 << 12,       // (client requests) traceparent[] was inserted by gymtrace (bpf/inject.h)
 };
 
 // Statistics slots of the per-CPU counter array gt_stats.
@@ -212,4 +213,52 @@ struct proc_event {
 	__u64 cause_conn; // the inbound request whose handler forked (see http_event)
 	__u64 cause_seq;
 	__u8 comm[16];
+};
+
+// traceparent injection (bpf/inject.h, docs/injection.md).
+//
+// gt_trace_ctx: userspace publishes, for every inbound request it made a span
+// for, the trace an outbound call made by that request's handler belongs to.
+// Key {conn_id, seq} of the server request; {0, tgid} is the process's
+// gym.job (a collector's calls that no inbound request caused).
+struct gt_trace_key {
+	__u64 conn;
+	__u64 seq;
+};
+
+struct gt_trace_ctx {
+	__u8 trace_id[16];
+	__u8 span_id[8]; // the enclosing span (the CLIENT span's parent), for userspace
+	__u8 flags;      // W3C trace-flags: bit 0 sampled
+	__u8 _pad[7];
+};
+
+enum gt_inject_cfg_flag {
+	GT_INJ_ON = 1 << 0, // prepare injections at the write syscalls
+};
+
+// One element of gt_inject_config.
+struct gt_inject_config {
+	// A new trace's sampled bit: (big-endian trace_id[8:16] >> 1) < root_bound,
+	// as OpenTelemetry's TraceIDRatioBased decides (ratio * 2^63).
+	__u64 root_bound;
+	__u32 flags; // enum gt_inject_cfg_flag
+	__u32 _pad;
+};
+
+// Per-CPU counters of gt_inject_stats.
+enum gt_inject_stat {
+	GT_INJ_STAT_PREPARED = 0,   // request starts on which a traceparent was decided
+	GT_INJ_STAT_PUSHED = 1,     // ... and inserted by the sk_msg program
+	GT_INJ_STAT_INJECTED = 2,   // ... and reported in a request record (GT_F_INJECTED)
+	GT_INJ_STAT_MISS = 3,       // the cause was known but userspace had not published its trace yet
+	GT_INJ_STAT_HAS_TP = 4,     // the request already carried a traceparent: left alone
+	GT_INJ_STAT_SPLIT = 5,      // the header block was not whole in the first buffer: not injected
+	GT_INJ_STAT_UNATTRIBUTED = 6,// a serving process's call with no known cause: not injected
+	GT_INJ_STAT_ROOT = 7,       // injected as a new trace (a process that never served)
+	GT_INJ_STAT_NOT_PUSHED = 8, // decided, but the socket is not in the sockhash (connected before attach)
+	GT_INJ_STAT_PUSH_FAIL = 9,  // the sk_msg program could not insert (checks or helpers failed)
+	GT_INJ_STAT_SOCKS = 10,     // client sockets of targets added to the sockhash
+	GT_INJ_STAT_SOCK_FAIL = 11, // ... that could not be added (full, or another instance owns it)
+	GT_INJ_STAT_MAX = 16,
 };

@@ -92,6 +92,9 @@ struct gt_scratch {
 	struct gt_scan scan;
 	struct gt_loops loops;
 	struct gt_route_key route_key;
+	__u8 peek[32];    // a message start, with bytes kept from the previous syscall
+	__u32 peek_flags; // gt_peek_start: accumulators
+	__u32 _pad_peek;
 	struct gt_conn conn; // a zeroed template for new connections
 };
 

@@ -105,10 +105,20 @@ func runCLI(ctx context.Context, args []string, stdout, stderr io.Writer, lookup
 	}
 	if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() != nil) {
 		fmt.Fprintf(stderr, "gymtrace: %s\n", oneLine(err))
+		var ue usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
 		return exitFailure
 	}
 	return exitOK
 }
+
+// usageError marks a run error caused by what the user asked for (a --pid of
+// a process that does not exist), not by the machine: exit status 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
 
 // loadConfig loads the configuration and builds the logger at its level. On
 // failure it has printed what to do and returns a nil config and the exit code.

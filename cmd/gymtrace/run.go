@@ -40,7 +40,7 @@ type tracer struct {
 	spans *spans.Pipeline
 	out   *export.Pipeline
 
-	py    *pyTargets
+	py *pyTargets
 
 	mu    sync.RWMutex
 	procs map[int]*discover.Process
@@ -64,7 +64,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	roles := map[int]uint8{}
 	for _, pr := range cfg.PIDs {
 		if _, err := discover.Inspect(pr.PID); err != nil {
-			return fmt.Errorf("--pid %d: %w", pr.PID, err)
+			return usageError{fmt.Errorf("--pid %d: %w", pr.PID, err)}
 		}
 		pids = append(pids, pr.PID)
 		roles[pr.PID] = pr.Role
@@ -115,7 +115,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		m = metrics.New(t.metricSources())
 		srv, err := m.Start(cfg.MetricsAddr, log)
 		if err != nil {
-			return fmt.Errorf("serving metrics on %s: %w", cfg.MetricsAddr, err)
+			return err
 		}
 		defer srv.Shutdown(context.Background())
 	}
@@ -173,7 +173,6 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 			t.spans.Builder().SetMask(nc.Mask)
 			t.py.setMask(nc.Mask)
 			t.tls.SetEnabled(tlsWanted(nc.Mask))
-			warnJoin(log, nc.Mask)
 			log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
 			return nil
 		})
@@ -395,7 +394,7 @@ func newExporter(ctx context.Context, cfg *config.Config, term io.Writer, log *s
 	case config.ExporterJSONL:
 		e, err := export.OpenJSONL(cfg.Output, res)
 		if err != nil {
-			return nil, fmt.Errorf("opening the jsonl output: %w", err)
+			return nil, err
 		}
 		return e, nil
 	default:

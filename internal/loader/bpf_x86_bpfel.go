@@ -74,6 +74,9 @@ type bpfGtConn struct {
 		Pad    uint16
 	}
 	LastRespCtx uint64
+	PartialLen  uint8
+	PartialDir  uint8
+	Partial     [14]uint8
 	RespStatus  uint16
 	RespFlags   uint16
 	TlsFd       int32
@@ -145,6 +148,7 @@ const (
 	bpfGtEventFlagGT_F_HDR_TRUNCATED  bpfGtEventFlag = 512
 	bpfGtEventFlagGT_F_BODY_UNKNOWN   bpfGtEventFlag = 1024
 	bpfGtEventFlagGT_F_TLS            bpfGtEventFlag = 2048
+	bpfGtEventFlagGT_F_INJECTED       bpfGtEventFlag = 4096
 )
 
 type bpfGtEventKind uint32
@@ -296,8 +300,11 @@ type bpfGtScratch struct {
 		Pad      [2]uint8
 		Line     [16]uint8
 	}
-	RouteKey bpfGtRouteKey
-	Conn     bpfGtConn
+	RouteKey  bpfGtRouteKey
+	Peek      [32]uint8
+	PeekFlags uint32
+	PadPeek   uint32
+	Conn      bpfGtConn
 }
 
 type bpfGtSide uint32

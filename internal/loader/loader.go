@@ -202,7 +202,30 @@ func (t *Tracer) RemoveTarget(pid int) error {
 	if err := t.objs.GtTargets.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing target %d: %w", pid, err)
 	}
+	t.purgeConns(uint32(pid))
 	return nil
+}
+
+// purgeConns drops the connection state of a process. A process killed by a
+// signal never calls close(2), so its entries would otherwise wait for LRU
+// eviction, taking room from live connections.
+func (t *Tracer) purgeConns(tgid uint32) {
+	type connKey struct {
+		Tgid uint32
+		Fd   int32
+	}
+	var key connKey
+	var stale []connKey
+	val := make([]byte, t.objs.GtConns.ValueSize())
+	it := t.objs.GtConns.Iterate()
+	for it.Next(&key, &val) {
+		if key.Tgid == tgid {
+			stale = append(stale, key)
+		}
+	}
+	for _, k := range stale {
+		_ = t.objs.GtConns.Delete(k)
+	}
 }
 
 func (t *Tracer) setBit(pid int, on bool) error {

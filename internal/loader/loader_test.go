@@ -449,3 +449,41 @@ func TestHeadAndContinue(t *testing.T) {
 		t.Errorf("final response after 100-continue: status %d body %d; want 201, 2", resps[1].Status, resps[1].BodyLen)
 	}
 }
+
+func TestRequestStartSplitAcrossReads(t *testing.T) {
+	// Go's net/http server reads one byte ahead after each request, so the
+	// next request's first byte arrives alone.
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		for i := 0; i < 2; i++ {
+			one := make([]byte, 1)
+			if _, err := io.ReadFull(c, one); err != nil {
+				return
+			}
+			br := bufio.NewReader(io.MultiReader(strings.NewReader(string(one)), c))
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for _, p := range []string{"/seed_session", "/verify"} {
+		writeAll(t, c, "GET "+p+" HTTP/1.1\r\nHost: h\r\n\r\n")
+		for h, _ := br.ReadString('\n'); h != "\r\n"; h, _ = br.ReadString('\n') {
+		}
+	}
+	got := r.waitFor(2, kindSide(EvRequest, SideServer))
+	if len(got) != 2 || path(&got[0]) != "/seed_session" || path(&got[1]) != "/verify" {
+		var paths []string
+		for i := range got {
+			paths = append(paths, path(&got[i]))
+		}
+		t.Fatalf("server requests %q; want /seed_session then /verify", paths)
+	}
+}

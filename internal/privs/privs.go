@@ -115,7 +115,7 @@ func Drop(n Needs) (Report, error) {
 	if err := iab.SetVector(cap.Bound, true, bound...); err != nil {
 		return rep, fmt.Errorf("building the bounding set: %w", err)
 	}
-	if have(cap.SETPCAP) {
+	if setpcap, _ := cur.GetFlag(cap.Effective, cap.SETPCAP); setpcap {
 		if err := iab.SetProc(); err != nil {
 			return rep, fmt.Errorf("reducing the bounding, inheritable and ambient sets: %w", err)
 		}

@@ -1,0 +1,538 @@
+// traceparent injection into outbound HTTP/1.x requests, without
+// bpf_probe_write_user (refused under lockdown). docs/injection.md has the
+// whole story; in short, three programs cooperate inside one write syscall:
+//
+//   1. sys_enter_{write,sendto,writev,sendmsg} (this file): on a target's
+//      client connection at a message start whose header block is whole in
+//      the first buffer and has no traceparent, decide the ids: the trace of
+//      the inbound request whose handler makes the call (gt_py_cause, then
+//      gt_trace_ctxs, published by userspace), a new span id, and the
+//      sampled bit. The header line is formatted into a per-thread record.
+//   2. sk_msg on gt_inject_socks (the sockhash sock_ops fills with targets'
+//      client sockets): in the same syscall, on the same thread and socket,
+//      re-checks the bytes and inserts the line after the request line with
+//      bpf_msg_push_data.
+//   3. sys_exit (bpf/syscalls.h -> gt_inject_note): the parser, at the
+//      request start, copies the injected value into the record with
+//      GT_F_INJECTED, so userspace gives the CLIENT span exactly that id.
+//
+// The user buffer is never changed: the parser's byte accounting stays on
+// what the process wrote, and Content-Length is unaffected (headers only).
+// Requires bpf_get_current_pid_tgid in sock_ops and sk_msg (Linux 6.10+).
+#pragma once
+
+#include "common/util.h"
+#include "http.h"
+#include "python.h"
+
+#define GT_INJ_NAME_LEN 13 // "traceparent: "
+#define GT_INJ_LINE (GT_INJ_NAME_LEN + GT_TRACEPARENT_LEN + 2) // 70: name, value, CRLF
+#define GT_INJ_HEAD 8 // request bytes the sk_msg program re-checks
+
+enum gt_inj_state {
+	GT_INJ_NONE = 0,
+	GT_INJ_PREPARED = 1, // decided at sys_enter; the sk_msg program may insert it
+	GT_INJ_PUSHED = 2,   // inserted into the socket's copy of the data
+	GT_INJ_TRIED = 3,    // the sk_msg program ran and did not insert
+};
+
+// One thread's decision for the write syscall it is in. Valid only between
+// that syscall's enter and exit: every hooked write's enter resets it, and
+// the sk_msg program also checks the socket's ports.
+struct gt_inject_rec {
+	__u64 ubuf;     // first user buffer of the syscall (the parser's message start)
+	__u32 tgid;
+	__s32 fd;
+	__u32 line_end; // offset just past the request line's CRLF
+	__u16 lport;    // the socket, host byte order
+	__u16 rport;
+	__u8 state; // enum gt_inj_state
+	__u8 _pad[7];
+	__u8 head[GT_INJ_HEAD];
+	__u8 line[72]; // GT_INJ_LINE bytes: "traceparent: 00-<trace>-<span>-<flags>\r\n"
+};
+
+// Per-CPU working memory of gt_inject_prepare: loop-carried state of the
+// header scan in map memory (see gt_scan), and the record being built (too
+// large for the 512-byte stack next to the inlined context walk).
+struct gt_inj_scan {
+	__u32 ls;       // start of the current line
+	__u32 line_end; // 0 until the request line's end is found
+	__s32 end;      // offset past the header block, -1 until found
+	__u32 tp;       // a traceparent header line was seen
+	__u8 ids[24];   // trace id, span id being formatted
+	struct gt_inject_rec rec;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_inject_config);
+} gt_inject_config SEC(".maps");
+
+// Published by userspace (internal/inject), LRU so an exchange whose end was
+// never seen cannot leak an entry.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct gt_trace_key);
+	__type(value, struct gt_trace_ctx);
+} gt_trace_ctxs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); // tid
+	__type(value, struct gt_inject_rec);
+} gt_inject_recs SEC(".maps");
+
+// Targets' client sockets, keyed by socket cookie. Only sockets in here pass
+// through the sk_msg program; a socket leaves when it closes, and all of them
+// when gymtrace exits (the map is not pinned).
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u64);
+} gt_inject_socks SEC(".maps");
+
+// Socket cookie -> tgid, from connect() (process context: the caller is
+// known) to ACTIVE_ESTABLISHED (softirq: it is not), where only the sockhash
+// may be written.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u32);
+} gt_inject_pending SEC(".maps");
+
+// Targets that have served a request since attach. A call of theirs that no
+// inbound request can be named for gets no header: userspace may still find
+// its parent by nesting, and an injected new trace would contradict it.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} gt_inject_serving SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GT_INJ_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} gt_inject_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_inj_scan);
+} gt_inject_scan SEC(".maps");
+
+static __always_inline void gt_inj_stat(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&gt_inject_stats, &slot);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline struct gt_inject_config *gt_inj_cfg(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&gt_inject_config, &zero);
+}
+
+static __always_inline __u8 gt_hex(__u8 n)
+{
+	// '0'..'9', then 'a'..'f' (39 = 'a' - '0' - 10), without a branch.
+	return '0' + n + ((((int)9 - (int)n) >> 31) & 39);
+}
+
+// Scans sc->buf[0, n) (a request) for the end of the request line, the end
+// of the header block and any traceparent header, whatever its value.
+static __always_inline struct gt_inj_scan *gt_inj_scan_headers(struct gt_scratch *sc, __u32 n)
+{
+	__u32 zero = 0;
+	struct gt_inj_scan *st = bpf_map_lookup_elem(&gt_inject_scan, &zero);
+	if (!st)
+		return 0;
+	st->ls = 0;
+	st->line_end = 0;
+	st->end = -1;
+	st->tp = 0;
+	int i;
+	gt_for(i, 0, (int)n)
+	{
+		if (sc->buf[i & GT_SCRATCH_MASK] != '\n')
+			continue;
+		__u32 ls = st->ls;
+		st->ls = i + 1;
+		if (!st->line_end) {
+			st->line_end = i + 1;
+			continue;
+		}
+		__u32 le = i;
+		if (le > ls && sc->buf[(le - 1) & GT_SCRATCH_MASK] == '\r')
+			le--;
+		if (le == ls) {
+			st->end = i + 1;
+			break;
+		}
+		if (le >= ls + 12 && (sc->buf[ls & GT_SCRATCH_MASK] | 0x20) == 't' &&
+		    GT_HDR_IS(sc->buf, ls, "traceparent:"))
+			st->tp = 1;
+	}
+	return st;
+}
+
+// Is ubuf[0, len) a whole HTTP/1.x request head with no traceparent? Returns
+// the offset just past the request line, or 0. Global, so it is verified
+// once on its own.
+__noinline int gt_inject_check(__u64 ubuf, __u32 len)
+{
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 0;
+	__u32 n = len > GT_SCRATCH ? GT_SCRATCH : len;
+	if (n < GT_PEEK || n > GT_SCRATCH || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
+		return 0;
+	__u16 arg = 0;
+	__u8 mlen = 0;
+	if (gt_classify(sc->buf, n, &arg, &mlen) != GT_START_REQUEST)
+		return 0;
+	struct gt_inj_scan *st = gt_inj_scan_headers(sc, n);
+	if (!st)
+		return 0;
+	if (st->tp) {
+		gt_inj_stat(GT_INJ_STAT_HAS_TP);
+		return 0;
+	}
+	__u32 le = st->line_end;
+	if (st->end < 0 || le < 16 || le > GT_SCRATCH) {
+		gt_inj_stat(GT_INJ_STAT_SPLIT);
+		return 0;
+	}
+	// HTTP/1.x and CRLF line ends only: "... HTTP/1.x\r\n".
+	const __u8 *b = sc->buf;
+	__u32 v = le - 10;
+	if (b[v & GT_SCRATCH_MASK] != 'H' || b[(v + 1) & GT_SCRATCH_MASK] != 'T' ||
+	    b[(v + 2) & GT_SCRATCH_MASK] != 'T' || b[(v + 3) & GT_SCRATCH_MASK] != 'P' ||
+	    b[(v + 4) & GT_SCRATCH_MASK] != '/' || b[(v + 5) & GT_SCRATCH_MASK] != '1' ||
+	    b[(v + 6) & GT_SCRATCH_MASK] != '.' || b[(v + 8) & GT_SCRATCH_MASK] != '\r')
+		return 0;
+	__builtin_memcpy(st->rec.head, sc->buf, GT_INJ_HEAD);
+	return le;
+}
+
+// Decides the ids for a request gt_inject_check accepted and leaves the
+// header line in the thread's record. Global for the same reason.
+__noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u64 ubuf, __u32 le, __u32 ports)
+{
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	// Which trace: the inbound request whose handler makes this call.
+	__u64 ctx = 0, root = 0, cconn = 0, cseq = 0;
+	gt_py_context(tgid, tid, &ctx, &root);
+	gt_py_cause(root, &cconn, &cseq);
+	struct gt_trace_key k = {.conn = cconn, .seq = cseq};
+	struct gt_trace_ctx *tc;
+	if (cconn) {
+		tc = bpf_map_lookup_elem(&gt_trace_ctxs, &k);
+		if (!tc) {
+			// Userspace has not published it (yet): nothing rather than
+			// a wrong trace.
+			gt_inj_stat(GT_INJ_STAT_MISS);
+			return 0;
+		}
+	} else {
+		k.seq = tgid; // the process's gym.job, if it has one
+		tc = bpf_map_lookup_elem(&gt_trace_ctxs, &k);
+		if (!tc && bpf_map_lookup_elem(&gt_inject_serving, &tgid)) {
+			gt_inj_stat(GT_INJ_STAT_UNATTRIBUTED);
+			return 0;
+		}
+	}
+	__u32 zero = 0;
+	struct gt_inj_scan *st = bpf_map_lookup_elem(&gt_inject_scan, &zero);
+	if (!st)
+		return 0;
+	struct gt_inject_rec *r = &st->rec;
+	__u8 sampled;
+	if (tc) {
+		__builtin_memcpy(st->ids, tc->trace_id, 16);
+		sampled = tc->flags & 1;
+	} else {
+		// A process that never served: its calls start traces.
+		struct gt_inject_config *cfg = gt_inj_cfg();
+		if (!cfg)
+			return 0;
+		__u32 w2 = bpf_get_prandom_u32(), w3 = bpf_get_prandom_u32() | 1;
+		*(__u32 *)&st->ids[0] = bpf_get_prandom_u32();
+		*(__u32 *)&st->ids[4] = bpf_get_prandom_u32();
+		*(__u32 *)&st->ids[8] = w2;
+		*(__u32 *)&st->ids[12] = w3;
+		__u64 lo = (__u64)bpf_ntohl(w2) << 32 | bpf_ntohl(w3);
+		sampled = (lo >> 1) < cfg->root_bound;
+		gt_inj_stat(GT_INJ_STAT_ROOT);
+	}
+	*(__u32 *)&st->ids[16] = bpf_get_prandom_u32();
+	*(__u32 *)&st->ids[20] = bpf_get_prandom_u32() | 1;
+	__builtin_memcpy(r->line, "traceparent: 00-", 16);
+	r->line[48] = '-';
+	// Hex digits: trace id at 16, span id at 49. A rolled loop: unrolled,
+	// the digit arithmetic spills past the 512-byte stack.
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < 24; i++) {
+		__u8 byte = st->ids[i];
+		__u32 at = i < 16 ? 16 + 2 * i : 49 + 2 * (i - 16);
+		if (at > 63)
+			break;
+		r->line[at] = gt_hex(byte >> 4);
+		r->line[at + 1] = gt_hex(byte & 15);
+	}
+	r->line[65] = '-';
+	r->line[66] = '0';
+	r->line[67] = sampled ? '1' : '0';
+	r->line[68] = '\r';
+	r->line[69] = '\n';
+	r->line[70] = 0;
+	r->line[71] = 0;
+	r->ubuf = ubuf;
+	r->tgid = tgid;
+	r->fd = fd;
+	r->line_end = le;
+	r->lport = ports >> 16;
+	r->rport = ports & 0xffff;
+	r->state = GT_INJ_PREPARED;
+	bpf_map_update_elem(&gt_inject_recs, &tid, r, BPF_ANY);
+	gt_inj_stat(GT_INJ_STAT_PREPARED);
+	return 0;
+}
+
+// The first buffer of a write syscall: (buf, len), iov[0] or msg_iov[0].
+static __always_inline int gt_inj_first_buf(int kind, __u64 a1, __u64 a2, __u64 *buf, __u64 *len)
+{
+	if (kind == GT_IO_PLAIN) {
+		*buf = a1;
+		*len = a2;
+		return 1;
+	}
+	__u64 iov = a1, cnt = a2;
+	if (kind == GT_IO_MSG) {
+		struct gt_msghdr mh = {};
+		if (bpf_probe_read_user(&mh, sizeof(mh), (void *)a1))
+			return 0;
+		iov = mh.iov;
+		cnt = mh.iovlen;
+	}
+	if (!cnt)
+		return 0;
+	struct gt_iovec v = {};
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)iov))
+		return 0;
+	*buf = v.base;
+	*len = v.len;
+	return 1;
+}
+
+static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a2)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!gt_is_target(tgid))
+		return 0;
+	// Whatever this thread decided for an earlier syscall is void now.
+	struct gt_inject_rec *old = bpf_map_lookup_elem(&gt_inject_recs, &tid);
+	if (old)
+		old->state = GT_INJ_NONE;
+	struct gt_inject_config *icfg = gt_inj_cfg();
+	struct gt_config *cfg = gt_cfg();
+	if (!icfg || !cfg || !(icfg->flags & GT_INJ_ON) || !(cfg->mask & GT_GROUP_HTTP_CLIENT))
+		return 0;
+	__s32 fd = (__s32)a0;
+	struct gt_conn_key key = {.tgid = tgid, .fd = fd};
+	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
+	__u32 ports = 0;
+	if (c) {
+		// Only where the parser knows a message starts: an idle request
+		// direction of a plain (not TLS) client connection.
+		if (c->kind != GT_CONN_HTTP || c->tls || c->side == GT_SIDE_SERVER || c->dir[1].phase != GT_PH_IDLE)
+			return 0;
+		ports = (__u32)c->tuple.lport << 16 | c->tuple.rport;
+	}
+	__u64 buf = 0, len = 0;
+	if (!gt_inj_first_buf(kind, a1, a2, &buf, &len) || len < GT_PEEK)
+		return 0;
+	if (!c) {
+		// First bytes on this fd since attach: cheap test before the
+		// socket walk, since most such writes are files and pipes.
+		__u8 peek[GT_PEEK] = {};
+		__u16 arg = 0;
+		__u8 mlen = 0;
+		if (bpf_probe_read_user(peek, GT_PEEK, (void *)buf) ||
+		    gt_classify(peek, GT_PEEK, &arg, &mlen) != GT_START_REQUEST)
+			return 0;
+	}
+	if (!ports) {
+		struct gt_tuple t = {};
+		if (!gt_fd_tcp_tuple(fd, &t))
+			return 0;
+		ports = (__u32)t.lport << 16 | t.rport;
+	}
+	int le = gt_inject_check(buf, (__u32)(len > GT_SCRATCH ? GT_SCRATCH : len));
+	if (le <= 0)
+		return 0;
+	return gt_inject_decide(id, fd, buf, le, ports);
+}
+
+// Called by the parser (bpf/syscalls.h) at every request start it accepts.
+// Server side: the process serves. Client side: report an injected header.
+__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io, __u64 ubuf)
+{
+	if (!c || !io)
+		return 0;
+	__u32 tgid = io->tgid;
+	if (c->side == GT_SIDE_SERVER) {
+		if (!bpf_map_lookup_elem(&gt_inject_serving, &tgid)) {
+			__u8 one = 1;
+			bpf_map_update_elem(&gt_inject_serving, &tgid, &one, BPF_ANY);
+		}
+		return 0;
+	}
+	if (c->side != GT_SIDE_CLIENT || io->dir != 1 || c->tls)
+		return 0;
+	__u32 tid = io->tid;
+	struct gt_inject_rec *r = bpf_map_lookup_elem(&gt_inject_recs, &tid);
+	if (!r || r->tgid != tgid || r->fd != io->fd || r->ubuf != ubuf)
+		return 0;
+	if (r->state == GT_INJ_PUSHED) {
+		__builtin_memcpy(c->req.traceparent, &r->line[GT_INJ_NAME_LEN], GT_TRACEPARENT_LEN);
+		c->req.flags |= GT_F_TRACEPARENT | GT_F_INJECTED;
+		gt_inj_stat(GT_INJ_STAT_INJECTED);
+	} else if (r->state == GT_INJ_PREPARED) {
+		gt_inj_stat(GT_INJ_STAT_NOT_PUSHED);
+	}
+	r->state = GT_INJ_NONE;
+	return 0;
+}
+
+#ifndef GT_NO_PROGRAMS
+SEC("tracepoint/syscalls/sys_enter_write")
+int gt_inject_enter_write(struct trace_event_raw_sys_enter *ctx)
+{
+	return gt_inject_enter(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendto")
+int gt_inject_enter_sendto(struct trace_event_raw_sys_enter *ctx)
+{
+	return gt_inject_enter(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
+}
+
+SEC("tracepoint/syscalls/sys_enter_writev")
+int gt_inject_enter_writev(struct trace_event_raw_sys_enter *ctx)
+{
+	return gt_inject_enter(GT_IO_IOV, ctx->args[0], ctx->args[1], ctx->args[2]);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int gt_inject_enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
+{
+	return gt_inject_enter(GT_IO_MSG, ctx->args[0], ctx->args[1], ctx->args[2]);
+}
+
+// Attached to the cgroup v2 root (internal/inject): every TCP socket of the
+// host passes here, and only targets' outbound ones are kept.
+SEC("sockops")
+int gt_inject_sockops(struct bpf_sock_ops *skops)
+{
+	__u64 cookie;
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
+		// connect() runs in the caller's context.
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (!gt_is_target(tgid))
+			return 1;
+		struct gt_inject_config *icfg = gt_inj_cfg();
+		if (!icfg || !(icfg->flags & GT_INJ_ON))
+			return 1;
+		cookie = bpf_get_socket_cookie(skops);
+		bpf_map_update_elem(&gt_inject_pending, &cookie, &tgid, BPF_ANY);
+		break;
+	}
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
+		cookie = bpf_get_socket_cookie(skops);
+		if (!bpf_map_lookup_elem(&gt_inject_pending, &cookie))
+			return 1;
+		bpf_map_delete_elem(&gt_inject_pending, &cookie);
+		// Fails with EBUSY when another gymtrace already holds the socket
+		// (both trace the process): that one injects.
+		if (bpf_sock_hash_update(skops, &gt_inject_socks, &cookie, BPF_NOEXIST))
+			gt_inj_stat(GT_INJ_STAT_SOCK_FAIL);
+		else
+			gt_inj_stat(GT_INJ_STAT_SOCKS);
+		break;
+	}
+	}
+	return 1;
+}
+
+SEC("sk_msg")
+int gt_inject_msg(struct sk_msg_md *msg)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct gt_inject_rec *r = bpf_map_lookup_elem(&gt_inject_recs, &tid);
+	if (!r || r->state != GT_INJ_PREPARED || r->tgid != (__u32)(id >> 32))
+		return SK_PASS;
+	// Only the socket the decision was made for.
+	if (msg->local_port != r->lport || (bpf_ntohl(msg->remote_port) & 0xffff) != r->rport)
+		return SK_PASS;
+	// One attempt a syscall: a large write reaches here once per chunk, and
+	// only the first starts with the request line.
+	r->state = GT_INJ_TRIED;
+	__u32 off = r->line_end;
+	if (off < 16 || off > GT_SCRATCH || msg->size < off)
+		goto fail;
+	if (bpf_msg_pull_data(msg, 0, GT_INJ_HEAD, 0))
+		goto fail;
+	__u8 *d = msg->data, *e = msg->data_end;
+	if (d + GT_INJ_HEAD > e)
+		goto fail;
+	__u8 diff = 0;
+#pragma unroll
+	for (int i = 0; i < GT_INJ_HEAD; i++)
+		diff |= d[i] ^ r->head[i];
+	if (diff)
+		goto fail;
+	if (bpf_msg_pull_data(msg, off - 2, off, 0))
+		goto fail;
+	d = msg->data;
+	e = msg->data_end;
+	if (d + 2 > e || d[0] != '\r' || d[1] != '\n')
+		goto fail;
+	if (bpf_msg_push_data(msg, off, GT_INJ_LINE, 0))
+		goto fail;
+	if (bpf_msg_pull_data(msg, off, off + GT_INJ_LINE, 0))
+		goto undo;
+	d = msg->data;
+	e = msg->data_end;
+	if (d + GT_INJ_LINE > e)
+		goto undo;
+	__builtin_memcpy(d, r->line, GT_INJ_LINE);
+	r->state = GT_INJ_PUSHED;
+	gt_inj_stat(GT_INJ_STAT_PUSHED);
+	return SK_PASS;
+undo:
+	// The pushed bytes are uninitialised: never send them. Failing the write
+	// is better than sending garbage, should even the undo fail.
+	if (bpf_msg_pop_data(msg, off, GT_INJ_LINE, 0)) {
+		gt_inj_stat(GT_INJ_STAT_PUSH_FAIL);
+		return SK_DROP;
+	}
+fail:
+	gt_inj_stat(GT_INJ_STAT_PUSH_FAIL);
+	return SK_PASS;
+}
+#endif

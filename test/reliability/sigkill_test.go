@@ -1,0 +1,98 @@
+//go:build linux
+
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// TestAgentSIGKILL kills gymtrace with SIGKILL mid-run: none of its BPF
+// programs or maps stay loaded (nothing is pinned; they go with its fds), the
+// traced workload never notices, and a new gymtrace traces at once.
+func TestAgentSIGKILL(t *testing.T) {
+	needRoot(t)
+	srv := startServer(t)
+	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := load(ctx, srv.url("/steady"), 2, 2*time.Millisecond)
+	waitSpan(t, g.jsonl, 10*time.Second, "under steady load", func(s span) bool { return s.path() == "/steady" })
+
+	progs, maps, err := bpfObjects(g.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := bpftoolProgs(t)
+	var ours []string
+	for id := range progs {
+		ours = append(ours, fmt.Sprintf("%s(%d)", names[id], id))
+	}
+	sort.Strings(ours)
+	if len(progs) == 0 || len(maps) == 0 {
+		t.Fatalf("gymtrace holds %d programs and %d maps: cannot check they go away", len(progs), len(maps))
+	}
+
+	okBefore := res.ok.Load()
+	if err := syscall.Kill(g.pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	<-g.done
+	var left []string
+	var gone time.Duration
+	for {
+		left = left[:0]
+		now := bpftoolProgs(t)
+		for id := range progs {
+			if _, ok := now[id]; ok {
+				left = append(left, fmt.Sprintf("%s(%d)", now[id], id))
+			}
+		}
+		for id := range maps {
+			if m, err := ebpf.NewMapFromID(ebpf.MapID(id)); err == nil {
+				m.Close()
+				left = append(left, fmt.Sprintf("map %d", id))
+			} else if !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("looking up map %d: %v", id, err)
+			}
+		}
+		if len(left) == 0 {
+			gone = time.Since(killed)
+			break
+		}
+		if time.Since(killed) > 2*time.Second {
+			t.Fatalf("2s after SIGKILL these of gymtrace's BPF objects are still loaded: %v", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The workload kept going through the kill.
+	time.Sleep(500 * time.Millisecond)
+	if res.errs.Load() != 0 || res.bad.Load() != 0 {
+		t.Errorf("the workload saw failures around the SIGKILL: %s", res)
+	}
+	if res.ok.Load() <= okBefore {
+		t.Errorf("the workload made no progress after gymtrace was killed (%s)", res)
+	}
+
+	// A new gymtrace works at once.
+	start := time.Now()
+	g2 := startGymtrace(t, gtOpts{pids: []int{srv.pid()}})
+	path := uniquePath("restarted-agent")
+	get(t, srv.url(path))
+	waitSpan(t, g2.jsonl, 10*time.Second, "for "+path+" from the restarted gymtrace", func(s span) bool { return s.path() == path })
+	again := time.Since(start)
+	cancel()
+	g2.terminate(t)
+	t.Logf("SIGKILL: %d programs %v and %d maps gone %v after the kill; workload %s; restarted gymtrace attached and exported a span in %v",
+		len(progs), ours, len(maps), gone.Round(time.Millisecond), res, again.Round(time.Millisecond))
+}
