@@ -9,10 +9,12 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+#define GT_INJECT // syscalls.h tells bpf/inject.h about message starts
 #include "syscalls.h"
 #include "lifecycle.h"
 #include "python_probes.h" // asyncio causality: PyContext_CopyCurrent return probe
 #include "tls.h" // HTTPS: OpenSSL uprobes, attached per process by internal/tls
+#include "inject.h" // traceparent into outbound requests: sys_enter hooks, sock_ops, sk_msg (internal/inject)
 
 // Contract types that no map names are kept in BTF so bpf2go generates them.
 struct http_event gt_contract_http_event __attribute__((unused));
@@ -27,3 +29,6 @@ enum gt_method gt_contract_method __attribute__((unused));
 enum gt_event_flag gt_contract_flag __attribute__((unused));
 enum gt_stat gt_contract_stat __attribute__((unused));
 enum gt_config_flag gt_contract_cfg_flag __attribute__((unused));
+enum gt_inject_stat gt_contract_inject_stat __attribute__((unused));
+enum gt_inject_cfg_flag gt_contract_inject_cfg __attribute__((unused));
+struct gt_trace_ctx gt_contract_trace_ctx __attribute__((unused));

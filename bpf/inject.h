@@ -386,9 +386,13 @@ static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a
 	return gt_inject_decide(id, fd, buf, le, ports);
 }
 
-// Called by the parser (bpf/syscalls.h) at every request start it accepts.
-// Server side: the process serves. Client side: report an injected header.
-__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io, __u64 ubuf)
+// Called by the parser (bpf/syscalls.h, gt_py_note) at every message start
+// it accepts. Server side: the process serves. Client request: report an
+// injected header. The decision was only made when the connection's request
+// direction was idle at sys_enter, so the first request start the parser
+// meets in that syscall is the one the header went into; the record is then
+// spent, and a pipelined request after it in the same buffer gets nothing.
+__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)
 		return 0;
@@ -404,7 +408,7 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io, __u64 ubuf)
 		return 0;
 	__u32 tid = io->tid;
 	struct gt_inject_rec *r = bpf_map_lookup_elem(&gt_inject_recs, &tid);
-	if (!r || r->tgid != tgid || r->fd != io->fd || r->ubuf != ubuf)
+	if (!r || r->tgid != tgid || r->fd != io->fd)
 		return 0;
 	if (r->state == GT_INJ_PUSHED) {
 		__builtin_memcpy(c->req.traceparent, &r->line[GT_INJ_NAME_LEN], GT_TRACEPARENT_LEN);

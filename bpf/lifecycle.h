@@ -116,7 +116,7 @@ int gt_fork(struct bpf_raw_tracepoint_args *ctx)
 	e->cause_conn = cause.conn;
 	e->cause_seq = cause.seq;
 	BPF_CORE_READ_STR_INTO(&e->comm, parent, comm);
-	bpf_ringbuf_submit(e, 0);
+	gt_submit(e);
 	return 0;
 }
 
@@ -247,7 +247,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 			return 0;
 		e->pid = tgid;
 		bpf_get_current_comm(&e->comm, sizeof(e->comm));
-		bpf_ringbuf_submit(e, 0);
+		gt_submit(e);
 		return 0;
 	}
 
@@ -286,7 +286,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 				e->start_ns = sb.start_ns;
 				e->cause_conn = sb.cause.conn;
 				e->cause_seq = sb.cause.seq;
-				bpf_ringbuf_submit(e, 0);
+				gt_submit(e);
 			}
 		} else {
 			gt_stat_add(GT_STAT_DISCARDED + 7, 1);
@@ -300,7 +300,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 	e->pid = tgid;
 	e->role = t ? t->role : 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	bpf_ringbuf_submit(e, 0);
+	gt_submit(e);
 	return 0;
 }
 
@@ -328,7 +328,7 @@ int gt_exit(void *ctx)
 			e->exit_code = status;
 			e->cause_conn = sb->cause.conn;
 			e->cause_seq = sb->cause.seq;
-			bpf_ringbuf_submit(e, 0);
+			gt_submit(e);
 		}
 		bpf_map_delete_elem(&gt_sandboxes, &tgid);
 		bpf_map_delete_elem(&gt_fork_causes, &tgid);
@@ -346,6 +346,6 @@ int gt_exit(void *ctx)
 	e->pid = tgid;
 	e->exit_code = status;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	bpf_ringbuf_submit(e, 0);
+	gt_submit(e);
 	return 0;
 }

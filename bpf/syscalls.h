@@ -53,8 +53,10 @@ struct gt_msghdr {
 
 #ifdef GT_INJECT
 // traceparent injection (bpf/inject.h, included after this file): told about
-// every request start the parser accepts.
-__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io, __u64 ubuf);
+// every message start the parser accepts (from gt_py_note, which every start
+// calls; a call in gt_start_request itself would grow gt_step's verification
+// past the limit).
+__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io);
 #endif
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
@@ -74,6 +76,8 @@ static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1
 
 static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io)
 {
+	if (gt_prof_skip & 2)
+		return;
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
@@ -83,12 +87,14 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	e->flags |= gt_tls_ev_flag(c);
 	e->end_ns = io->now;
 	e->body_len = d->body_len;
-	bpf_ringbuf_submit(e, 0);
+	gt_submit(e);
 	c->emitted_ring |= 1ULL << (c->req.seq & 63);
 }
 
 static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
 {
+	if (gt_prof_skip & 2)
+		return;
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
@@ -109,7 +115,7 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 	e->end_ns = io->now;
 	e->body_len = d->body_len;
 	e->tuple = c->tuple;
-	bpf_ringbuf_submit(e, 0);
+	gt_submit(e);
 }
 
 static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, __u16 flags)
@@ -132,7 +138,7 @@ static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, _
 	e->start_ns = io->now;
 	e->end_ns = io->now;
 	e->tuple = c->tuple;
-	bpf_ringbuf_submit(e, 0);
+	gt_submit(e);
 }
 
 // The message in direction d has ended.
@@ -254,7 +260,7 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 		gt_headers_done(c, d, io);
 		return end;
 	}
-	if (n < avail || d->hdr_scanned > GT_MAX_HDR_BYTES) {
+	if (n < avail || d->hdr_scanned > GT_MAX_HDR_BYTES || sc->scan.nl_count >= GT_MAX_LINES) {
 		// The block is larger than the kernel scans: report what we have,
 		// with framing lost, and resynchronise at the next message start.
 		gt_stat_add(GT_STAT_HDR_TRUNCATED, 1);
@@ -292,6 +298,9 @@ __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)
 		return 0;
+#ifdef GT_INJECT
+	gt_inject_note(c, io);
+#endif
 	__u64 ctx, root;
 	if (gt_py_context(io->tgid, io->tid, &ctx, &root) != GT_PY_OK)
 		return 0;
@@ -345,10 +354,8 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	ev->rollout.attempt = -1;
 	if (!c->started)
 		ev->flags |= GT_F_RESYNC;
-	gt_py_note(c, io);
-#ifdef GT_INJECT
-	gt_inject_note(c, io, ubuf);
-#endif
+	if (!(gt_prof_skip & 4))
+		gt_py_note(c, io);
 
 	// The path is needed before the gate can decide (routes pick gym.* groups);
 	// it is read into the per-CPU scratch, never into the ring buffer, so a
@@ -373,7 +380,8 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 		groups = GT_GROUP_HTTP_CLIENT;
 	}
 	ev->groups = groups;
-	gt_count_groups(groups, mask);
+	if (!(gt_prof_skip & 8))
+		gt_count_groups(groups, mask);
 	if (!(groups & mask) && !(io->cfg_flags & GT_CFG_NO_GATE)) {
 		c->skip_ring |= bit;
 		d->phase = GT_PH_SKIP;

@@ -73,7 +73,11 @@ struct gt_scan {
 	__s64 cl;
 	__u32 host_at;
 	__u32 tp_at;
+	__u32 nl_count; // newlines recorded in nl[]
+	__u32 last_nl;  // position of the previous newline + 1 (0: none yet)
 };
+
+#define GT_MAX_LINES 64 // header lines examined per syscall buffer
 
 struct gt_loops {
 	__u32 proc_off;  // gt_process: offset in the current user buffer
@@ -90,6 +94,7 @@ struct gt_loops {
 struct gt_scratch {
 	__u8 buf[GT_SCRATCH + 128]; // slack so fixed-size reads at a masked offset stay inside
 	struct gt_scan scan;
+	__u16 nl[GT_MAX_LINES]; // newline positions found by the word scan
 	struct gt_loops loops;
 	struct gt_route_key route_key;
 	__u8 peek[32];    // a message start, with bytes kept from the previous syscall

@@ -164,6 +164,61 @@ const (
 	bpfGtEventKindGT_EV_SANDBOX_END   bpfGtEventKind = 8
 )
 
+type bpfGtInjScan struct {
+	_       structs.HostLayout
+	Ls      uint32
+	LineEnd uint32
+	End     int32
+	Tp      uint32
+	Ids     [24]uint8
+	Rec     bpfGtInjectRec
+}
+
+type bpfGtInjectCfgFlag uint32
+
+const (
+	bpfGtInjectCfgFlagGT_INJ_ON bpfGtInjectCfgFlag = 1
+)
+
+type bpfGtInjectConfig struct {
+	_         structs.HostLayout
+	RootBound uint64
+	Flags     uint32
+	Pad       uint32
+}
+
+type bpfGtInjectRec struct {
+	_       structs.HostLayout
+	Ubuf    uint64
+	Tgid    uint32
+	Fd      int32
+	LineEnd uint32
+	Lport   uint16
+	Rport   uint16
+	State   uint8
+	Pad     [7]uint8
+	Head    [8]uint8
+	Line    [72]uint8
+}
+
+type bpfGtInjectStat uint32
+
+const (
+	bpfGtInjectStatGT_INJ_STAT_PREPARED     bpfGtInjectStat = 0
+	bpfGtInjectStatGT_INJ_STAT_PUSHED       bpfGtInjectStat = 1
+	bpfGtInjectStatGT_INJ_STAT_INJECTED     bpfGtInjectStat = 2
+	bpfGtInjectStatGT_INJ_STAT_MISS         bpfGtInjectStat = 3
+	bpfGtInjectStatGT_INJ_STAT_HAS_TP       bpfGtInjectStat = 4
+	bpfGtInjectStatGT_INJ_STAT_SPLIT        bpfGtInjectStat = 5
+	bpfGtInjectStatGT_INJ_STAT_UNATTRIBUTED bpfGtInjectStat = 6
+	bpfGtInjectStatGT_INJ_STAT_ROOT         bpfGtInjectStat = 7
+	bpfGtInjectStatGT_INJ_STAT_NOT_PUSHED   bpfGtInjectStat = 8
+	bpfGtInjectStatGT_INJ_STAT_PUSH_FAIL    bpfGtInjectStat = 9
+	bpfGtInjectStatGT_INJ_STAT_SOCKS        bpfGtInjectStat = 10
+	bpfGtInjectStatGT_INJ_STAT_SOCK_FAIL    bpfGtInjectStat = 11
+	bpfGtInjectStatGT_INJ_STAT_MAX          bpfGtInjectStat = 16
+)
+
 type bpfGtMethod uint32
 
 const (
@@ -287,7 +342,10 @@ type bpfGtScratch struct {
 		Cl        int64
 		HostAt    uint32
 		TpAt      uint32
+		NlCount   uint32
+		LastNl    uint32
 	}
+	Nl    [64]uint16
 	Loops struct {
 		_        structs.HostLayout
 		ProcOff  uint32
@@ -371,6 +429,20 @@ type bpfGtTlsPending struct {
 	Pad  uint32
 }
 
+type bpfGtTraceCtx struct {
+	_       structs.HostLayout
+	TraceId [16]uint8
+	SpanId  [8]uint8
+	Flags   uint8
+	Pad     [7]uint8
+}
+
+type bpfGtTraceKey struct {
+	_    structs.HostLayout
+	Conn uint64
+	Seq  uint64
+}
+
 type bpfHttpEvent struct {
 	_         structs.HostLayout
 	Kind      uint8
@@ -441,54 +513,73 @@ type bpfProcEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bpfMapGtConfig             = "gt_config"
-	bpfMapGtConns              = "gt_conns"
-	bpfMapGtEvents             = "gt_events"
-	bpfMapGtForkCauses         = "gt_fork_causes"
-	bpfMapGtPyLinks            = "gt_py_links"
-	bpfMapGtPyProcs            = "gt_py_procs"
-	bpfMapGtPySpawners         = "gt_py_spawners"
-	bpfMapGtPyStats            = "gt_py_stats"
-	bpfMapGtPyThreads          = "gt_py_threads"
-	bpfMapGtRoutes             = "gt_routes"
-	bpfMapGtSandboxes          = "gt_sandboxes"
-	bpfMapGtScratch            = "gt_scratch"
-	bpfMapGtStats              = "gt_stats"
-	bpfMapGtTargetBits         = "gt_target_bits"
-	bpfMapGtTargets            = "gt_targets"
-	bpfMapGtTlsCalls           = "gt_tls_calls"
-	bpfMapGtTlsConns           = "gt_tls_conns"
-	bpfMapGtTlsPending         = "gt_tls_pending"
-	bpfProgGtEnterClose        = "gt_enter_close"
-	bpfProgGtExec              = "gt_exec"
-	bpfProgGtExit              = "gt_exit"
-	bpfProgGtExitRead          = "gt_exit_read"
-	bpfProgGtExitReadv         = "gt_exit_readv"
-	bpfProgGtExitRecvfrom      = "gt_exit_recvfrom"
-	bpfProgGtExitRecvmsg       = "gt_exit_recvmsg"
-	bpfProgGtExitSendmsg       = "gt_exit_sendmsg"
-	bpfProgGtExitSendto        = "gt_exit_sendto"
-	bpfProgGtExitWrite         = "gt_exit_write"
-	bpfProgGtExitWritev        = "gt_exit_writev"
-	bpfProgGtFork              = "gt_fork"
-	bpfProgGtPyCopyRet         = "gt_py_copy_ret"
-	bpfProgGtTlsFree           = "gt_tls_free"
-	bpfProgGtTlsHandshake      = "gt_tls_handshake"
-	bpfProgGtTlsRwEntry        = "gt_tls_rw_entry"
-	bpfProgGtTlsRwRet          = "gt_tls_rw_ret"
-	bpfVarGtContractCfgFlag    = "gt_contract_cfg_flag"
-	bpfVarGtContractFlag       = "gt_contract_flag"
-	bpfVarGtContractHttpEvent  = "gt_contract_http_event"
-	bpfVarGtContractKind       = "gt_contract_kind"
-	bpfVarGtContractMethod     = "gt_contract_method"
-	bpfVarGtContractProcEvent  = "gt_contract_proc_event"
-	bpfVarGtContractProvider   = "gt_contract_provider"
-	bpfVarGtContractRole       = "gt_contract_role"
-	bpfVarGtContractSide       = "gt_contract_side"
-	bpfVarGtContractStat       = "gt_contract_stat"
-	bpfVarGtContractTargetFlag = "gt_contract_target_flag"
-	bpfVarGtContractVerb       = "gt_contract_verb"
-	bpfVarGtNextConnId         = "gt_next_conn_id"
+	bpfMapGtConfig              = "gt_config"
+	bpfMapGtConns               = "gt_conns"
+	bpfMapGtEvents              = "gt_events"
+	bpfMapGtForkCauses          = "gt_fork_causes"
+	bpfMapGtInjectConfig        = "gt_inject_config"
+	bpfMapGtInjectPending       = "gt_inject_pending"
+	bpfMapGtInjectRecs          = "gt_inject_recs"
+	bpfMapGtInjectScan          = "gt_inject_scan"
+	bpfMapGtInjectServing       = "gt_inject_serving"
+	bpfMapGtInjectSocks         = "gt_inject_socks"
+	bpfMapGtInjectStats         = "gt_inject_stats"
+	bpfMapGtPyLinks             = "gt_py_links"
+	bpfMapGtPyProcs             = "gt_py_procs"
+	bpfMapGtPySpawners          = "gt_py_spawners"
+	bpfMapGtPyStats             = "gt_py_stats"
+	bpfMapGtPyThreads           = "gt_py_threads"
+	bpfMapGtRoutes              = "gt_routes"
+	bpfMapGtSandboxes           = "gt_sandboxes"
+	bpfMapGtScratch             = "gt_scratch"
+	bpfMapGtStats               = "gt_stats"
+	bpfMapGtTargetBits          = "gt_target_bits"
+	bpfMapGtTargets             = "gt_targets"
+	bpfMapGtTlsCalls            = "gt_tls_calls"
+	bpfMapGtTlsConns            = "gt_tls_conns"
+	bpfMapGtTlsPending          = "gt_tls_pending"
+	bpfMapGtTraceCtxs           = "gt_trace_ctxs"
+	bpfProgGtEnterClose         = "gt_enter_close"
+	bpfProgGtExec               = "gt_exec"
+	bpfProgGtExit               = "gt_exit"
+	bpfProgGtExitRead           = "gt_exit_read"
+	bpfProgGtExitReadv          = "gt_exit_readv"
+	bpfProgGtExitRecvfrom       = "gt_exit_recvfrom"
+	bpfProgGtExitRecvmsg        = "gt_exit_recvmsg"
+	bpfProgGtExitSendmsg        = "gt_exit_sendmsg"
+	bpfProgGtExitSendto         = "gt_exit_sendto"
+	bpfProgGtExitWrite          = "gt_exit_write"
+	bpfProgGtExitWritev         = "gt_exit_writev"
+	bpfProgGtFork               = "gt_fork"
+	bpfProgGtInjectEnterSendmsg = "gt_inject_enter_sendmsg"
+	bpfProgGtInjectEnterSendto  = "gt_inject_enter_sendto"
+	bpfProgGtInjectEnterWrite   = "gt_inject_enter_write"
+	bpfProgGtInjectEnterWritev  = "gt_inject_enter_writev"
+	bpfProgGtInjectMsg          = "gt_inject_msg"
+	bpfProgGtInjectSockops      = "gt_inject_sockops"
+	bpfProgGtPyCopyRet          = "gt_py_copy_ret"
+	bpfProgGtTlsFree            = "gt_tls_free"
+	bpfProgGtTlsHandshake       = "gt_tls_handshake"
+	bpfProgGtTlsRwEntry         = "gt_tls_rw_entry"
+	bpfProgGtTlsRwRet           = "gt_tls_rw_ret"
+	bpfVarGtContractCfgFlag     = "gt_contract_cfg_flag"
+	bpfVarGtContractFlag        = "gt_contract_flag"
+	bpfVarGtContractHttpEvent   = "gt_contract_http_event"
+	bpfVarGtContractInjectCfg   = "gt_contract_inject_cfg"
+	bpfVarGtContractInjectStat  = "gt_contract_inject_stat"
+	bpfVarGtContractKind        = "gt_contract_kind"
+	bpfVarGtContractMethod      = "gt_contract_method"
+	bpfVarGtContractProcEvent   = "gt_contract_proc_event"
+	bpfVarGtContractProvider    = "gt_contract_provider"
+	bpfVarGtContractRole        = "gt_contract_role"
+	bpfVarGtContractSide        = "gt_contract_side"
+	bpfVarGtContractStat        = "gt_contract_stat"
+	bpfVarGtContractTargetFlag  = "gt_contract_target_flag"
+	bpfVarGtContractTraceCtx    = "gt_contract_trace_ctx"
+	bpfVarGtContractVerb        = "gt_contract_verb"
+	bpfVarGtNextConnId          = "gt_next_conn_id"
+	bpfVarGtProfSkip            = "gt_prof_skip"
+	bpfVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
 
 // loadBpf returns the embedded CollectionSpec for bpf.
@@ -533,47 +624,61 @@ type bpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfProgramSpecs struct {
-	GtEnterClose   *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
-	GtExec         *ebpf.ProgramSpec `ebpf:"gt_exec"`
-	GtExit         *ebpf.ProgramSpec `ebpf:"gt_exit"`
-	GtExitRead     *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
-	GtExitReadv    *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
-	GtExitRecvfrom *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
-	GtExitRecvmsg  *ebpf.ProgramSpec `ebpf:"gt_exit_recvmsg"`
-	GtExitSendmsg  *ebpf.ProgramSpec `ebpf:"gt_exit_sendmsg"`
-	GtExitSendto   *ebpf.ProgramSpec `ebpf:"gt_exit_sendto"`
-	GtExitWrite    *ebpf.ProgramSpec `ebpf:"gt_exit_write"`
-	GtExitWritev   *ebpf.ProgramSpec `ebpf:"gt_exit_writev"`
-	GtFork         *ebpf.ProgramSpec `ebpf:"gt_fork"`
-	GtPyCopyRet    *ebpf.ProgramSpec `ebpf:"gt_py_copy_ret"`
-	GtTlsFree      *ebpf.ProgramSpec `ebpf:"gt_tls_free"`
-	GtTlsHandshake *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
-	GtTlsRwEntry   *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
-	GtTlsRwRet     *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
+	GtEnterClose         *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
+	GtExec               *ebpf.ProgramSpec `ebpf:"gt_exec"`
+	GtExit               *ebpf.ProgramSpec `ebpf:"gt_exit"`
+	GtExitRead           *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
+	GtExitReadv          *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
+	GtExitRecvfrom       *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
+	GtExitRecvmsg        *ebpf.ProgramSpec `ebpf:"gt_exit_recvmsg"`
+	GtExitSendmsg        *ebpf.ProgramSpec `ebpf:"gt_exit_sendmsg"`
+	GtExitSendto         *ebpf.ProgramSpec `ebpf:"gt_exit_sendto"`
+	GtExitWrite          *ebpf.ProgramSpec `ebpf:"gt_exit_write"`
+	GtExitWritev         *ebpf.ProgramSpec `ebpf:"gt_exit_writev"`
+	GtFork               *ebpf.ProgramSpec `ebpf:"gt_fork"`
+	GtInjectEnterSendmsg *ebpf.ProgramSpec `ebpf:"gt_inject_enter_sendmsg"`
+	GtInjectEnterSendto  *ebpf.ProgramSpec `ebpf:"gt_inject_enter_sendto"`
+	GtInjectEnterWrite   *ebpf.ProgramSpec `ebpf:"gt_inject_enter_write"`
+	GtInjectEnterWritev  *ebpf.ProgramSpec `ebpf:"gt_inject_enter_writev"`
+	GtInjectMsg          *ebpf.ProgramSpec `ebpf:"gt_inject_msg"`
+	GtInjectSockops      *ebpf.ProgramSpec `ebpf:"gt_inject_sockops"`
+	GtPyCopyRet          *ebpf.ProgramSpec `ebpf:"gt_py_copy_ret"`
+	GtTlsFree            *ebpf.ProgramSpec `ebpf:"gt_tls_free"`
+	GtTlsHandshake       *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
+	GtTlsRwEntry         *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
+	GtTlsRwRet           *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
 }
 
 // bpfMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfMapSpecs struct {
-	GtConfig     *ebpf.MapSpec `ebpf:"gt_config"`
-	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
-	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
-	GtForkCauses *ebpf.MapSpec `ebpf:"gt_fork_causes"`
-	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
-	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
-	GtPySpawners *ebpf.MapSpec `ebpf:"gt_py_spawners"`
-	GtPyStats    *ebpf.MapSpec `ebpf:"gt_py_stats"`
-	GtPyThreads  *ebpf.MapSpec `ebpf:"gt_py_threads"`
-	GtRoutes     *ebpf.MapSpec `ebpf:"gt_routes"`
-	GtSandboxes  *ebpf.MapSpec `ebpf:"gt_sandboxes"`
-	GtScratch    *ebpf.MapSpec `ebpf:"gt_scratch"`
-	GtStats      *ebpf.MapSpec `ebpf:"gt_stats"`
-	GtTargetBits *ebpf.MapSpec `ebpf:"gt_target_bits"`
-	GtTargets    *ebpf.MapSpec `ebpf:"gt_targets"`
-	GtTlsCalls   *ebpf.MapSpec `ebpf:"gt_tls_calls"`
-	GtTlsConns   *ebpf.MapSpec `ebpf:"gt_tls_conns"`
-	GtTlsPending *ebpf.MapSpec `ebpf:"gt_tls_pending"`
+	GtConfig        *ebpf.MapSpec `ebpf:"gt_config"`
+	GtConns         *ebpf.MapSpec `ebpf:"gt_conns"`
+	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
+	GtForkCauses    *ebpf.MapSpec `ebpf:"gt_fork_causes"`
+	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
+	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
+	GtInjectRecs    *ebpf.MapSpec `ebpf:"gt_inject_recs"`
+	GtInjectScan    *ebpf.MapSpec `ebpf:"gt_inject_scan"`
+	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
+	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
+	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
+	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
+	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPySpawners    *ebpf.MapSpec `ebpf:"gt_py_spawners"`
+	GtPyStats       *ebpf.MapSpec `ebpf:"gt_py_stats"`
+	GtPyThreads     *ebpf.MapSpec `ebpf:"gt_py_threads"`
+	GtRoutes        *ebpf.MapSpec `ebpf:"gt_routes"`
+	GtSandboxes     *ebpf.MapSpec `ebpf:"gt_sandboxes"`
+	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
+	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
+	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
+	GtTlsCalls      *ebpf.MapSpec `ebpf:"gt_tls_calls"`
+	GtTlsConns      *ebpf.MapSpec `ebpf:"gt_tls_conns"`
+	GtTlsPending    *ebpf.MapSpec `ebpf:"gt_tls_pending"`
+	GtTraceCtxs     *ebpf.MapSpec `ebpf:"gt_trace_ctxs"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -583,6 +688,8 @@ type bpfVariableSpecs struct {
 	GtContractCfgFlag    *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
 	GtContractFlag       *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
 	GtContractHttpEvent  *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
+	GtContractInjectCfg  *ebpf.VariableSpec `ebpf:"gt_contract_inject_cfg"`
+	GtContractInjectStat *ebpf.VariableSpec `ebpf:"gt_contract_inject_stat"`
 	GtContractKind       *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
 	GtContractMethod     *ebpf.VariableSpec `ebpf:"gt_contract_method"`
 	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
@@ -591,8 +698,11 @@ type bpfVariableSpecs struct {
 	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
 	GtContractStat       *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
 	GtContractTargetFlag *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
+	GtContractTraceCtx   *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
 // bpfObjects contains all objects after they have been loaded into the kernel.
@@ -615,24 +725,32 @@ func (o *bpfObjects) Close() error {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfMaps struct {
-	GtConfig     *ebpf.Map `ebpf:"gt_config"`
-	GtConns      *ebpf.Map `ebpf:"gt_conns"`
-	GtEvents     *ebpf.Map `ebpf:"gt_events"`
-	GtForkCauses *ebpf.Map `ebpf:"gt_fork_causes"`
-	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
-	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
-	GtPySpawners *ebpf.Map `ebpf:"gt_py_spawners"`
-	GtPyStats    *ebpf.Map `ebpf:"gt_py_stats"`
-	GtPyThreads  *ebpf.Map `ebpf:"gt_py_threads"`
-	GtRoutes     *ebpf.Map `ebpf:"gt_routes"`
-	GtSandboxes  *ebpf.Map `ebpf:"gt_sandboxes"`
-	GtScratch    *ebpf.Map `ebpf:"gt_scratch"`
-	GtStats      *ebpf.Map `ebpf:"gt_stats"`
-	GtTargetBits *ebpf.Map `ebpf:"gt_target_bits"`
-	GtTargets    *ebpf.Map `ebpf:"gt_targets"`
-	GtTlsCalls   *ebpf.Map `ebpf:"gt_tls_calls"`
-	GtTlsConns   *ebpf.Map `ebpf:"gt_tls_conns"`
-	GtTlsPending *ebpf.Map `ebpf:"gt_tls_pending"`
+	GtConfig        *ebpf.Map `ebpf:"gt_config"`
+	GtConns         *ebpf.Map `ebpf:"gt_conns"`
+	GtEvents        *ebpf.Map `ebpf:"gt_events"`
+	GtForkCauses    *ebpf.Map `ebpf:"gt_fork_causes"`
+	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
+	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
+	GtInjectRecs    *ebpf.Map `ebpf:"gt_inject_recs"`
+	GtInjectScan    *ebpf.Map `ebpf:"gt_inject_scan"`
+	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
+	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
+	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
+	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
+	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPySpawners    *ebpf.Map `ebpf:"gt_py_spawners"`
+	GtPyStats       *ebpf.Map `ebpf:"gt_py_stats"`
+	GtPyThreads     *ebpf.Map `ebpf:"gt_py_threads"`
+	GtRoutes        *ebpf.Map `ebpf:"gt_routes"`
+	GtSandboxes     *ebpf.Map `ebpf:"gt_sandboxes"`
+	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
+	GtStats         *ebpf.Map `ebpf:"gt_stats"`
+	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
+	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
+	GtTlsCalls      *ebpf.Map `ebpf:"gt_tls_calls"`
+	GtTlsConns      *ebpf.Map `ebpf:"gt_tls_conns"`
+	GtTlsPending    *ebpf.Map `ebpf:"gt_tls_pending"`
+	GtTraceCtxs     *ebpf.Map `ebpf:"gt_trace_ctxs"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -641,6 +759,13 @@ func (m *bpfMaps) Close() error {
 		m.GtConns,
 		m.GtEvents,
 		m.GtForkCauses,
+		m.GtInjectConfig,
+		m.GtInjectPending,
+		m.GtInjectRecs,
+		m.GtInjectScan,
+		m.GtInjectServing,
+		m.GtInjectSocks,
+		m.GtInjectStats,
 		m.GtPyLinks,
 		m.GtPyProcs,
 		m.GtPySpawners,
@@ -655,6 +780,7 @@ func (m *bpfMaps) Close() error {
 		m.GtTlsCalls,
 		m.GtTlsConns,
 		m.GtTlsPending,
+		m.GtTraceCtxs,
 	)
 }
 
@@ -665,6 +791,8 @@ type bpfVariables struct {
 	GtContractCfgFlag    *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
 	GtContractFlag       *ebpf.Variable `ebpf:"gt_contract_flag"`
 	GtContractHttpEvent  *ebpf.Variable `ebpf:"gt_contract_http_event"`
+	GtContractInjectCfg  *ebpf.Variable `ebpf:"gt_contract_inject_cfg"`
+	GtContractInjectStat *ebpf.Variable `ebpf:"gt_contract_inject_stat"`
 	GtContractKind       *ebpf.Variable `ebpf:"gt_contract_kind"`
 	GtContractMethod     *ebpf.Variable `ebpf:"gt_contract_method"`
 	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
@@ -673,31 +801,40 @@ type bpfVariables struct {
 	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
 	GtContractStat       *ebpf.Variable `ebpf:"gt_contract_stat"`
 	GtContractTargetFlag *ebpf.Variable `ebpf:"gt_contract_target_flag"`
+	GtContractTraceCtx   *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 
 // bpfPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfPrograms struct {
-	GtEnterClose   *ebpf.Program `ebpf:"gt_enter_close"`
-	GtExec         *ebpf.Program `ebpf:"gt_exec"`
-	GtExit         *ebpf.Program `ebpf:"gt_exit"`
-	GtExitRead     *ebpf.Program `ebpf:"gt_exit_read"`
-	GtExitReadv    *ebpf.Program `ebpf:"gt_exit_readv"`
-	GtExitRecvfrom *ebpf.Program `ebpf:"gt_exit_recvfrom"`
-	GtExitRecvmsg  *ebpf.Program `ebpf:"gt_exit_recvmsg"`
-	GtExitSendmsg  *ebpf.Program `ebpf:"gt_exit_sendmsg"`
-	GtExitSendto   *ebpf.Program `ebpf:"gt_exit_sendto"`
-	GtExitWrite    *ebpf.Program `ebpf:"gt_exit_write"`
-	GtExitWritev   *ebpf.Program `ebpf:"gt_exit_writev"`
-	GtFork         *ebpf.Program `ebpf:"gt_fork"`
-	GtPyCopyRet    *ebpf.Program `ebpf:"gt_py_copy_ret"`
-	GtTlsFree      *ebpf.Program `ebpf:"gt_tls_free"`
-	GtTlsHandshake *ebpf.Program `ebpf:"gt_tls_handshake"`
-	GtTlsRwEntry   *ebpf.Program `ebpf:"gt_tls_rw_entry"`
-	GtTlsRwRet     *ebpf.Program `ebpf:"gt_tls_rw_ret"`
+	GtEnterClose         *ebpf.Program `ebpf:"gt_enter_close"`
+	GtExec               *ebpf.Program `ebpf:"gt_exec"`
+	GtExit               *ebpf.Program `ebpf:"gt_exit"`
+	GtExitRead           *ebpf.Program `ebpf:"gt_exit_read"`
+	GtExitReadv          *ebpf.Program `ebpf:"gt_exit_readv"`
+	GtExitRecvfrom       *ebpf.Program `ebpf:"gt_exit_recvfrom"`
+	GtExitRecvmsg        *ebpf.Program `ebpf:"gt_exit_recvmsg"`
+	GtExitSendmsg        *ebpf.Program `ebpf:"gt_exit_sendmsg"`
+	GtExitSendto         *ebpf.Program `ebpf:"gt_exit_sendto"`
+	GtExitWrite          *ebpf.Program `ebpf:"gt_exit_write"`
+	GtExitWritev         *ebpf.Program `ebpf:"gt_exit_writev"`
+	GtFork               *ebpf.Program `ebpf:"gt_fork"`
+	GtInjectEnterSendmsg *ebpf.Program `ebpf:"gt_inject_enter_sendmsg"`
+	GtInjectEnterSendto  *ebpf.Program `ebpf:"gt_inject_enter_sendto"`
+	GtInjectEnterWrite   *ebpf.Program `ebpf:"gt_inject_enter_write"`
+	GtInjectEnterWritev  *ebpf.Program `ebpf:"gt_inject_enter_writev"`
+	GtInjectMsg          *ebpf.Program `ebpf:"gt_inject_msg"`
+	GtInjectSockops      *ebpf.Program `ebpf:"gt_inject_sockops"`
+	GtPyCopyRet          *ebpf.Program `ebpf:"gt_py_copy_ret"`
+	GtTlsFree            *ebpf.Program `ebpf:"gt_tls_free"`
+	GtTlsHandshake       *ebpf.Program `ebpf:"gt_tls_handshake"`
+	GtTlsRwEntry         *ebpf.Program `ebpf:"gt_tls_rw_entry"`
+	GtTlsRwRet           *ebpf.Program `ebpf:"gt_tls_rw_ret"`
 }
 
 func (p *bpfPrograms) Close() error {
@@ -714,6 +851,12 @@ func (p *bpfPrograms) Close() error {
 		p.GtExitWrite,
 		p.GtExitWritev,
 		p.GtFork,
+		p.GtInjectEnterSendmsg,
+		p.GtInjectEnterSendto,
+		p.GtInjectEnterWrite,
+		p.GtInjectEnterWritev,
+		p.GtInjectMsg,
+		p.GtInjectSockops,
 		p.GtPyCopyRet,
 		p.GtTlsFree,
 		p.GtTlsHandshake,

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -81,8 +82,22 @@ func Load(opts Options) (*Tracer, error) {
 		}
 		spec.Maps["gt_events"].MaxEntries = uint32(n)
 	}
+	// Records wake the reader only once a quarter of the buffer is pending;
+	// otherwise Read's poll picks them up (see gt_submit).
+	if err := spec.Variables["gt_wakeup_bytes"].Set(uint64(spec.Maps["gt_events"].MaxEntries / 4)); err != nil {
+		return nil, fmt.Errorf("configuring ring-buffer wakeups: %w", err)
+	}
 	if opts.MaxConns > 0 {
 		spec.Maps["gt_conns"].MaxEntries = uint32(opts.MaxConns)
+	}
+	if v := os.Getenv("GYMTRACE_PROF_SKIP"); v != "" {
+		// Cost experiments only (see bench_test.go): switch parts of the
+		// parser off to see what they cost.
+		var n uint32
+		fmt.Sscan(v, &n)
+		if err := spec.Variables["gt_prof_skip"].Set(n); err != nil {
+			return nil, err
+		}
 	}
 	t := &Tracer{log: log}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
@@ -282,20 +297,37 @@ func (t *Tracer) Stats() ([]uint64, error) {
 	return out, nil
 }
 
+// PollInterval bounds how long a record waits in the ring buffer: records are
+// submitted without waking the reader (a wakeup costs the traced syscall
+// microseconds), so the reader looks every PollInterval, and at once when a
+// quarter of the buffer is pending.
+const PollInterval = 10 * time.Millisecond
+
 // Read delivers ring-buffer records to fn until ctx ends or the tracer is
-// closed. The slice passed to fn is reused: fn must copy what it keeps.
+// closed; when ctx ends, what is already in the buffer is delivered first.
+// The slice passed to fn is reused: fn must copy what it keeps.
 func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
-	stop := context.AfterFunc(ctx, func() { t.rd.Close() })
-	defer stop()
 	var rec ringbuf.Record
 	for {
-		if err := t.rd.ReadInto(&rec); err != nil {
-			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
+		done := ctx.Err() != nil
+		if done {
+			t.rd.SetDeadline(time.Now()) // drain, then stop
+		} else {
+			t.rd.SetDeadline(time.Now().Add(PollInterval))
+		}
+		err := t.rd.ReadInto(&rec)
+		switch {
+		case err == nil:
+			fn(rec.RawSample)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if done {
 				return nil
 			}
+		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
+			return nil
+		default:
 			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
-		fn(rec.RawSample)
 	}
 }
 
@@ -313,6 +345,29 @@ func (t *Tracer) Programs() map[string]*ebpf.Program {
 	m["tls_handshake"] = t.objs.GtTlsHandshake
 	m["tls_free"] = t.objs.GtTlsFree
 	return m
+}
+
+// FlagInjected marks a client request whose traceparent gymtrace inserted
+// (bpf/inject.h): traceparent[] names the request's own CLIENT span.
+const FlagInjected = uint16(bpfGtEventFlagGT_F_INJECTED)
+
+// InjectObjects are the programs and maps of bpf/inject.h; internal/inject
+// attaches them (inject.Programs has the same fields). Load attaches none.
+type InjectObjects struct {
+	SockOps, SkMsg                                     *ebpf.Program
+	EnterWrite, EnterSendto, EnterWritev, EnterSendmsg *ebpf.Program
+	Config, TraceCtxs, Socks, Stats                    *ebpf.Map
+}
+
+// InjectObjects returns the injection programs and maps.
+func (t *Tracer) InjectObjects() InjectObjects {
+	return InjectObjects{
+		SockOps: t.objs.GtInjectSockops, SkMsg: t.objs.GtInjectMsg,
+		EnterWrite: t.objs.GtInjectEnterWrite, EnterSendto: t.objs.GtInjectEnterSendto,
+		EnterWritev: t.objs.GtInjectEnterWritev, EnterSendmsg: t.objs.GtInjectEnterSendmsg,
+		Config: t.objs.GtInjectConfig, TraceCtxs: t.objs.GtTraceCtxs,
+		Socks: t.objs.GtInjectSocks, Stats: t.objs.GtInjectStats,
+	}
 }
 
 // TLSPrograms are the OpenSSL uprobe programs of bpf/tls.h. internal/tls
