@@ -7,7 +7,7 @@
 #include "common/iter.h"
 
 #define GT_PEEK 16
-#define GT_MAX_MSGS_PER_BUF 4 // pipelined messages handled inside one syscall buffer
+#define GT_MAX_STEPS_PER_BUF 32 // parse steps (start, headers, body) inside one syscall buffer
 #define GT_MAX_CHUNKS_PER_BUF 16
 #define GT_MAX_HDR_BYTES (16 * 1024) // header blocks larger than this lose framing
 

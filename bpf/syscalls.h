@@ -213,24 +213,59 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
 		return -1;
-	__u32 n = avail > GT_SCRATCH ? GT_SCRATCH : avail;
-	if (n == 0 || n > GT_SCRATCH || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
-		return -1;
-	if (first) {
-		sc->scan.skip = 1; // the start line is not a header
-		if (d->is_req)
-			gt_copy_path(sc->buf, path_at, n, &c->req);
-	} else {
-		sc->scan.skip = d->mid_line;
+	// A header line cut by the previous syscall goes first, whole.
+	__u32 carry = (!first && c->carry_len && c->carry_dir == io->dir) ? c->carry_len : 0;
+	if (carry > GT_CARRY)
+		carry = 0;
+	c->carry_len = 0;
+	__builtin_memcpy(sc->buf, c->carry, GT_CARRY);
+	// Most header blocks fit in 1 KiB: read that much first, and the rest of
+	// the window only when the block goes on.
+	__u32 max = avail > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : avail;
+	__u32 nr = max > 1024 ? 1024 : max;
+	__u32 n = 0;
+#pragma unroll
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (attempt == 1) {
+			if (sc->scan.end >= 0 || nr >= max)
+				break;
+			nr = max;
+		}
+		if (nr == 0 || nr > GT_SCRATCH - 128 || bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
+			return -1;
+		n = carry + nr;
+		if (first) {
+			sc->scan.skip = 1; // the start line is not a header
+			if (d->is_req)
+				gt_copy_path(sc->buf, path_at, n, &c->req);
+		} else {
+			sc->scan.skip = carry ? 0 : d->mid_line;
+		}
+		sc->scan.cl = -1;
+		sc->scan.chunked = 0;
+		sc->scan.upgrade = 0;
+		sc->scan.host_found = 0;
+		sc->scan.tp_found = 0;
+		gt_scan_headers(sc, n, d->is_req);
 	}
-	sc->scan.cl = -1;
-	sc->scan.chunked = 0;
-	sc->scan.upgrade = 0;
-	sc->scan.host_found = 0;
-	sc->scan.tp_found = 0;
-	gt_scan_headers(sc, n, d->is_req);
 	int end = sc->scan.end;
-	d->mid_line = end < 0 && sc->scan.ls < n;
+	if (end >= 0)
+		end -= carry; // bytes of this buffer that belong to the block
+	d->mid_line = 0;
+	if (end < 0 && sc->scan.ls < n) {
+		__u32 tail = n - sc->scan.ls;
+		if (tail <= GT_CARRY && nr == avail) {
+			__u32 tl = tail;
+			// Keep the bound where the verifier sees it (the compiler
+			// would drop a mask it proves redundant).
+			asm volatile("%0 &= 127" : "+r"(tl));
+			bpf_probe_read_kernel(c->carry, tl, &sc->buf[sc->scan.ls & GT_SCRATCH_MASK]);
+			c->carry_len = tail;
+			c->carry_dir = io->dir;
+		} else {
+			d->mid_line = 1;
+		}
+	}
 	if (sc->scan.cl >= 0)
 		d->cl = sc->scan.cl;
 	if (sc->scan.chunked)
@@ -255,12 +290,13 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 		}
 		c->req.flags |= GT_F_HOST;
 	}
+	n = nr;
 	d->hdr_scanned += n;
 	if (end >= 0) {
 		gt_headers_done(c, d, io);
 		return end;
 	}
-	if (n < avail || d->hdr_scanned > GT_MAX_HDR_BYTES || sc->scan.nl_count >= GT_MAX_LINES) {
+	if (nr < avail || d->hdr_scanned > GT_MAX_HDR_BYTES || sc->scan.nl_count >= GT_MAX_LINES) {
 		// The block is larger than the kernel scans: report what we have,
 		// with framing lost, and resynchronise at the next message start.
 		gt_stat_add(GT_STAT_HDR_TRUNCATED, 1);
@@ -440,6 +476,7 @@ __noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 	if (!sc)
 		return -1;
 	sc->loops.chunk_off = off;
+	sc->loops.chunk_err = 0;
 	int k;
 	gt_for(k, 0, GT_MAX_CHUNKS_PER_BUF)
 	{
@@ -501,8 +538,12 @@ __noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 		__s32 nl = sc->loops.cnl;
 		__u64 size = sc->loops.csize;
 		if (nl < 0 || !sc->loops.cdigits) {
+			// A size line split across syscalls, or not chunked framing
+			// after all: framing is lost here. The caller looks for a
+			// message start at this offset.
 			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
-			return -1; // a size line split across syscalls: give up on framing
+			sc->loops.chunk_err = 1;
+			return sc->loops.chunk_off;
 		}
 		sc->loops.chunk_off = o + nl + 1;
 		if (size == 0) {
@@ -640,10 +681,17 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 	}
 	case GT_PH_CHUNKED: {
 		int o = gt_chunks(c, io, ubuf, off, len);
-		if (o < 0) {
+		struct gt_scratch *sc = gt_get_scratch();
+		if (o < 0 || !sc) {
 			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
 			d->phase = GT_PH_SKIP;
 			return -1;
+		}
+		if (sc->loops.chunk_err) {
+			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+			d->phase = GT_PH_SKIP;
+			// Zero consumed: the next step looks for a start right here.
+			return (__u32)o > off ? o - off : 0;
 		}
 		return o - off;
 	}
@@ -664,20 +712,33 @@ __noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	if (!sc)
 		return 0;
 	sc->loops.proc_off = 0;
+	sc->loops.steps = 0;
 	int m;
-	gt_for(m, 0, GT_MAX_MSGS_PER_BUF)
+	gt_for(m, 0, GT_MAX_STEPS_PER_BUF)
 	{
 		__u32 off = sc->loops.proc_off;
 		if (off >= len || c->kind != GT_CONN_HTTP)
 			break;
 		int r = gt_step(c, io, ubuf, off, len);
-		if (r <= 0)
+		if (r < 0)
 			break;
 		// gt_step may have used the scratch: look it up again.
 		sc = gt_get_scratch();
 		if (!sc)
 			break;
 		sc->loops.proc_off = off + r;
+		sc->loops.steps = m + 1;
+	}
+	// Out of steps mid-body (hundreds of chunks in one buffer): the rest of
+	// the buffer was not followed, so framing is lost rather than wrong.
+	sc = gt_get_scratch();
+	if (sc && sc->loops.steps >= GT_MAX_STEPS_PER_BUF && sc->loops.proc_off < len) {
+		struct gt_dir *d = &c->dir[io->dir & 1];
+		if (d->phase == GT_PH_CHUNKED || d->phase == GT_PH_HEADERS) {
+			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
+			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+			d->phase = GT_PH_SKIP;
+		}
 	}
 	return 0;
 }

@@ -25,6 +25,8 @@ enum gt_chunk_phase {
 	GT_CH_LAST = 2, // after the 0-size chunk: remaining = final CRLF
 };
 
+#define GT_CARRY 96 // longest header-line tail kept across syscalls (traceparent needs 67)
+
 struct gt_dir {
 	__u8 phase;
 	__u8 chunk_phase;
@@ -67,6 +69,12 @@ struct gt_conn {
 	__u8 partial_len;
 	__u8 partial_dir;
 	__u8 partial[14];
+	// The tail of a header line cut by the end of a syscall buffer (a
+	// header block split by the network), completed by the next one.
+	__u8 carry_len;
+	__u8 carry_dir;
+	__u8 _pad3[6];
+	__u8 carry[GT_CARRY];
 	__u16 resp_status;
 	__u16 resp_flags;
 	__s32 tls_fd; // TLS connections: the linked socket's fd, -1 until linked

@@ -87,7 +87,8 @@ struct gt_loops {
 	__s32 cnl;
 	__u8 cdigits;
 	__u8 cext;
-	__u8 _pad[2];
+	__u8 chunk_err; // gt_chunks: a chunk-size line did not parse
+	__u8 steps;     // gt_process: steps taken in this buffer
 	__u8 line[16];
 };
 

@@ -77,6 +77,10 @@ type bpfGtConn struct {
 	PartialLen  uint8
 	PartialDir  uint8
 	Partial     [14]uint8
+	CarryLen    uint8
+	CarryDir    uint8
+	Pad3        [6]uint8
+	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
 	TlsFd       int32
@@ -355,7 +359,8 @@ type bpfGtScratch struct {
 		Cnl      int32
 		Cdigits  uint8
 		Cext     uint8
-		Pad      [2]uint8
+		ChunkErr uint8
+		Steps    uint8
 		Line     [16]uint8
 	}
 	RouteKey  bpfGtRouteKey

@@ -44,6 +44,21 @@ type Options struct {
 	// Spans under a local parent follow the parent. Nil samples everything.
 	Sampler sdktrace.Sampler
 	Logger  *slog.Logger
+	// Inject, when set, receives the trace context of every inbound request
+	// that has an enclosing span, and of every gym.job, so the kernel can
+	// write traceparent into the outbound calls they make
+	// (internal/inject.Injector; docs/injection.md).
+	Inject Injector
+}
+
+// Injector is the kernel side of traceparent injection as the Builder sees
+// it. (conn, seq) name a server request; the CLIENT span of a call its
+// handler makes hangs under parent, in trace tid.
+type Injector interface {
+	Publish(conn, seq uint64, tid trace.TraceID, parent trace.SpanID, sampled bool)
+	Unpublish(conn, seq uint64)
+	PublishJob(pid uint32, tid trace.TraceID, job trace.SpanID, sampled bool)
+	UnpublishJob(pid uint32)
 }
 
 // Stats are the Builder's counters, for metrics. Totals since creation, except
@@ -60,6 +75,10 @@ type Stats struct {
 	LateJoins         uint64               // ... of which the client's record arrived after the server's
 	JoinedTraceparent uint64               // server or gym.* spans joined to an in-band traceparent
 	OwnTraceparent    uint64               // client requests that already carried a traceparent (the process's own telemetry)
+	Injected          uint64               // client requests whose traceparent gymtrace inserted: the CLIENT span has its id
+	InjectAdopted     uint64               // ... that started a trace: the kernel's trace id was taken
+	InjectMismatch    uint64               // ... whose inserted trace was not the parent's: the span follows the wire (own trace)
+	Retraced          uint64               // published server requests whose trace changed after publishing (late connection join)
 	BadTraceparent    uint64               // traceparent headers that failed validation (ignored)
 	GymSpanUnresolved uint64               // gym.* spans not made: the process's role is unknown and the route is shared
 	UnknownSide       uint64
@@ -81,6 +100,9 @@ type node struct {
 	traceID trace.TraceID
 	sampled bool
 	frozen  bool // root only: a span of this trace was returned; no more re-parenting
+	// root only: the trace id was handed to the kernel for injection, so
+	// it may be on the wire; it is never replaced by another one.
+	published bool
 }
 
 func (n *node) root() *node {
@@ -109,6 +131,7 @@ type inbound struct {
 	idx      int // position in Builder.inflight[pid]
 	waiting  bool
 	hasTP    bool
+	pub      bool // its trace context is published for injection
 	ctxKeys  []ctxKey
 	mark     uint64
 	shadowed uint64
@@ -161,6 +184,15 @@ type Builder struct {
 	epoch    uint64
 	st       Stats
 	lc       lifecycle // gym.job and gym.sandbox.* (lifecycle.go)
+	jobIDs   map[uint32]jobIDs
+}
+
+// jobIDs are a collector's gym.job ids, decided and published before its
+// first call (PrepareJob) so that even its first calls carry the job's trace.
+type jobIDs struct {
+	trace   trace.TraceID
+	span    trace.SpanID
+	sampled bool
 }
 
 // NewBuilder returns a Builder; it fails only when the clock or the id
@@ -192,6 +224,7 @@ func NewBuilder(opt Options) (*Builder, error) {
 		inferred: make(map[uint32]groups.Role),
 		procs:    make(map[uint32]*discover.Process),
 		open:     make(map[*http.Exchange]struct{}),
+		jobIDs:   make(map[uint32]jobIDs),
 	}
 	b.mask.Store(uint64(opt.Mask))
 	return b, nil
@@ -247,6 +280,64 @@ func (b *Builder) ForgetProcess(pid int) {
 	defer b.mu.Unlock()
 	delete(b.inferred, uint32(pid))
 	delete(b.procs, uint32(pid))
+	delete(b.jobIDs, uint32(pid))
+	if b.opt.Inject != nil {
+		b.opt.Inject.UnpublishJob(uint32(pid))
+	}
+}
+
+// PrepareJob decides the gym.job ids of a collector (a process whose calls
+// belong to its run) before it makes any call, and publishes them for
+// injection, so its first calls already carry the job's trace. The job span
+// itself starts, as before, at its first /run call. No-op without injection
+// or with the job group off.
+func (b *Builder) PrepareJob(pid int) {
+	if b.opt.Inject == nil || !b.Mask().Has(groups.Job) {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lc.init()
+	if _, ok := b.jobIDs[uint32(pid)]; ok || b.lc.jobs[uint32(pid)] != nil {
+		return
+	}
+	ids := jobIDs{trace: b.opt.IDs.NewTraceID(), span: b.opt.IDs.NewSpanID()}
+	ids.sampled = b.sample(context.Background(), ids.trace)
+	b.jobIDs[uint32(pid)] = ids
+	b.opt.Inject.PublishJob(uint32(pid), ids.trace, ids.span, ids.sampled)
+}
+
+// bindJob gives a gym.job made by jobParent the ids PrepareJob published,
+// or publishes its own.
+func (b *Builder) bindJob(pid uint32, j *node) {
+	if b.opt.Inject == nil || j.parent != nil || j.published {
+		return
+	}
+	if ids, ok := b.jobIDs[pid]; ok && !j.frozen {
+		j.id, j.traceID, j.sampled = ids.span, ids.trace, ids.sampled
+		delete(b.jobIDs, pid)
+	}
+	j.published = true
+	b.opt.Inject.PublishJob(pid, j.traceID, j.id, j.sampled)
+}
+
+// publish hands the kernel the trace of inbound request in: the innermost
+// span a call made by its handler hangs under.
+func (b *Builder) publish(in *inbound) {
+	if b.opt.Inject == nil {
+		return
+	}
+	n := in.gym
+	if n == nil {
+		n = in.server
+	}
+	if n == nil {
+		return
+	}
+	r := n.root()
+	r.published = true
+	in.pub = true
+	b.opt.Inject.Publish(in.x.ConnID, in.x.Seq, r.traceID, n.id, r.sampled)
 }
 
 // BindContext records that the asyncio Context ctx of process pid runs on
@@ -414,12 +505,19 @@ func (b *Builder) startServer(x *http.Exchange) {
 	b.inflight[x.PID] = append(list, in)
 	b.open[x] = struct{}{}
 	x.Handle = in
+	b.publish(in)
 }
 
 func (b *Builder) startClient(x *http.Exchange) {
 	mask := b.Mask()
 	out := &outbound{x: x, proc: b.process(x.PID)}
 	tp, ownTP := b.traceparent(x)
+	// A header gymtrace inserted is not the process's own telemetry: it
+	// names this CLIENT span itself.
+	injected := ownTP && x.ReqFlags&loader.FlagInjected != 0
+	if injected {
+		ownTP = false
+	}
 	out.via = b.cause(x, &out.unresolved)
 	if _, id := groups.StripRolloutPrefix(x.Path); id != "" {
 		out.rollout = id
@@ -429,8 +527,14 @@ func (b *Builder) startClient(x *http.Exchange) {
 	// A collector's calls belong to its run, not to a request it happens to
 	// be serving (gym eval run serves the head server in-process).
 	job := b.jobParent(x, out.proc, mask)
+	if job != nil {
+		b.bindJob(x.PID, job)
+	}
 	if mask.Has(groups.HTTPClient) {
 		n := b.newNode()
+		if injected {
+			n.id = tp.SpanID()
+		}
 		switch {
 		case ownTP:
 			// The process's own telemetry wrote this header: join its trace
@@ -449,11 +553,40 @@ func (b *Builder) startClient(x *http.Exchange) {
 			// No enabled span encloses the call: Gym's context would be empty.
 			b.setRoot(n)
 		}
+		if injected {
+			b.adoptInjected(n, tp, out)
+		}
 		out.client = n
 	}
 	b.joinClient(tupleKey{client: x.Local, server: x.Remote}, out)
 	b.open[x] = struct{}{}
 	x.Handle = out
+}
+
+// adoptInjected reconciles CLIENT span n, whose id the kernel already put on
+// the wire in sc, with the trace its parent chain is in. The wire wins: the
+// next hop's spans hang under sc, so n must be in sc's trace.
+func (b *Builder) adoptInjected(n *node, sc trace.SpanContext, out *outbound) {
+	b.st.Injected++
+	r := n.root()
+	if r.traceID == sc.TraceID() {
+		return
+	}
+	if r.parent == nil && !r.remote.IsValid() && !r.published && !r.frozen {
+		// A trace nobody has seen yet (this call starts it: the kernel
+		// decided a new trace id and its sampled bit): take the kernel's.
+		r.traceID, r.sampled = sc.TraceID(), sc.IsSampled()
+		b.st.InjectAdopted++
+		return
+	}
+	// The parent's trace changed after the kernel read it (a late
+	// connection join), or the kernel's cause and the Builder's disagree.
+	// Keep the wire's trace so the hops after this one stay joined to it.
+	b.st.InjectMismatch++
+	n.parent = nil
+	n.traceID, n.remote = sc.TraceID(), trace.SpanID{}
+	n.sampled = sc.IsSampled()
+	out.unresolved = "injected_trace_mismatch"
 }
 
 // cause picks the inbound request whose handler made outbound request x.
@@ -532,6 +665,11 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 	return nil
 }
 
+// joinSlack absorbs the order in which the two ends' syscalls return: both
+// timestamps are taken at syscall exit, so the reader's read can return a
+// few tens of microseconds before the writer's write does.
+const joinSlack = uint64(2 * time.Millisecond)
+
 func (b *Builder) joinServer(k tupleKey, in *inbound) {
 	q := b.tuples[k]
 	if q != nil {
@@ -539,7 +677,7 @@ func (b *Builder) joinServer(k tupleKey, in *inbound) {
 			c := q.clients[0]
 			// A client that started writing after this request was fully
 			// read cannot have sent it: leave it for the next request.
-			if c.x.ReqStart > in.x.ReqEnd {
+			if c.x.ReqStart > in.x.ReqEnd+joinSlack {
 				break
 			}
 			q.clients[0] = nil
@@ -567,7 +705,7 @@ func (b *Builder) joinClient(k tupleKey, out *outbound) {
 			s.waiting = false
 			// A server request fully read before this client began writing
 			// was sent by an earlier, unseen client request.
-			if s.x.ReqEnd < out.x.ReqStart {
+			if s.x.ReqEnd+joinSlack < out.x.ReqStart {
 				continue
 			}
 			b.lateJoin(s, out)
@@ -595,6 +733,13 @@ func (b *Builder) lateJoin(s *inbound, out *outbound) {
 	s.server.parent = out.client
 	b.st.JoinedTuple++
 	b.st.LateJoins++
+	if s.pub {
+		// Its calls must carry the trace it now belongs to. A call made
+		// before this (unlikely: the join comes microseconds after the
+		// request, a handler's first call milliseconds) keeps the old one.
+		b.st.Retraced++
+		b.publish(s)
+	}
 }
 
 func (b *Builder) dropEmpty(k tupleKey, q *joinQueue) {
@@ -665,6 +810,9 @@ func (b *Builder) finish(x *http.Exchange) {
 
 func (b *Builder) finishServer(in *inbound) {
 	x := in.x
+	if in.pub {
+		b.opt.Inject.Unpublish(x.ConnID, x.Seq)
+	}
 	list := b.inflight[x.PID]
 	if in.idx < len(list) && list[in.idx] == in {
 		last := len(list) - 1
