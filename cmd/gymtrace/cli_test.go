@@ -147,9 +147,9 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestRunExitCodes(t *testing.T) {
-	// A runtime failure (here: a --pid that names no process, or no
-	// privileges) is exit 1 with a final one-line gymtrace: error; a config
-	// problem would have been 2. The deadline bounds a tracer that runs.
+	// A --pid that names no process is the user's input: exit 2 with a final
+	// one-line gymtrace: error (without privileges it fails earlier, exit 1).
+	// The deadline bounds a tracer that runs.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
@@ -158,7 +158,10 @@ func TestRunExitCodes(t *testing.T) {
 	switch code {
 	case 0:
 		t.Logf("run ended cleanly at the deadline")
-	case 1:
+	case 1, 2:
+		if os.Geteuid() == 0 && code != 2 {
+			t.Errorf("as root, a missing --pid process should exit 2, got %d: %q", code, errb.String())
+		}
 		l := lines(errb.String())
 		if !strings.HasPrefix(l[len(l)-1], "gymtrace: ") {
 			t.Errorf("last stderr line is not a gymtrace: error: %q", errb.String())
