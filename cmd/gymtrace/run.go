@@ -22,6 +22,7 @@ import (
 	"github.com/gymtrace/gymtrace/internal/export"
 	"github.com/gymtrace/gymtrace/internal/groups"
 	"github.com/gymtrace/gymtrace/internal/http"
+	"github.com/gymtrace/gymtrace/internal/inject"
 	"github.com/gymtrace/gymtrace/internal/loader"
 	"github.com/gymtrace/gymtrace/internal/metrics"
 	"github.com/gymtrace/gymtrace/internal/preflight"
@@ -36,7 +37,8 @@ type tracer struct {
 	log   *slog.Logger
 	cfg   *config.Config
 	kern  *loader.Tracer
-	tls   *gttls.Attacher // HTTPS: OpenSSL probes per target
+	tls   *gttls.Attacher  // HTTPS: OpenSSL probes per target
+	inj   *inject.Injector // traceparent into outbound requests; nil when off
 	spans *spans.Pipeline
 	out   *export.Pipeline
 
@@ -88,6 +90,12 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		return err
 	}
 	defer t.tls.Close()
+	t.inj = startInjector(kern, cfg, log)
+	defer func() {
+		if err := t.inj.Close(); err != nil {
+			log.Debug("detaching traceparent injection", "err", err)
+		}
+	}()
 
 	// Userspace pipeline and exporter.
 	b, err := spans.NewBuilder(spans.Options{
@@ -95,6 +103,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		Lookup:  t.lookup,
 		Sampler: sampler(cfg.SampleRatio),
 		Logger:  log.With("component", "spans"),
+		Inject:  builderInjector(t.inj),
 	})
 	if err != nil {
 		return fmt.Errorf("starting the span builder: %w", err)
@@ -249,6 +258,7 @@ func (t *tracer) procEvent(w *discover.Watcher, raw []byte) {
 		w.OnExec(int(ev.Pid))
 	case loader.EvProcExit:
 		w.OnExit(int(ev.Pid))
+		t.kern.ProcessExited(int(ev.Pid))
 		if p := t.lookup(int(ev.Pid)); p != nil && p.Worker {
 			t.mu.Lock()
 			delete(t.procs, int(ev.Pid))
@@ -279,6 +289,10 @@ func (t *tracer) addTarget(p *discover.Process) {
 		return
 	}
 	t.py.add(p.PID)
+	if p.Role == loader.RoleOrchestrator && t.spans != nil {
+		// Its calls carry its gym.job's trace from the first one on.
+		t.spans.Builder().PrepareJob(p.PID)
+	}
 	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
 	_ = t.tls.Add(p.PID) // failures are logged by the attacher; plain HTTP is traced regardless
 }
@@ -435,7 +449,7 @@ func (t *tracer) metricSources() metrics.Sources {
 		RingbufReserveFailures: func() uint64 { return t.kernelStats()[loader.StatRingbufFull] },
 		KernelCounters: func() map[string]uint64 {
 			st := t.kernelStats()
-			return map[string]uint64{
+			out := map[string]uint64{
 				"not_http":      st[loader.StatNotHTTP],
 				"parse_error":   st[loader.StatParseError],
 				"hdr_truncated": st[loader.StatHdrTruncated],
@@ -446,6 +460,8 @@ func (t *tracer) metricSources() metrics.Sources {
 				"tls_events":    st[loader.StatTLSEvents], // records from TLS plaintext
 				"tls_linked":    st[loader.StatTLSLinked], // SSL objects tied to their socket
 			}
+			injectCounters(t.inj, out)
+			return out
 		},
 		SpansBuilt: func() map[string]uint64 {
 			st := t.spans.Builder().Stats()

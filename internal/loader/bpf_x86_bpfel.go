@@ -174,7 +174,7 @@ type bpfGtInjScan struct {
 	LineEnd uint32
 	End     int32
 	Tp      uint32
-	Ids     [24]uint8
+	Ids     [32]uint8
 	Rec     bpfGtInjectRec
 }
 

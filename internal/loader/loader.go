@@ -221,6 +221,10 @@ func (t *Tracer) RemoveTarget(pid int) error {
 	return nil
 }
 
+// ProcessExited forgets the connection state of a process that exited (the
+// kernel already stopped tracing it).
+func (t *Tracer) ProcessExited(pid int) { t.purgeConns(uint32(pid)) }
+
 // purgeConns drops the connection state of a process. A process killed by a
 // signal never calls close(2), so its entries would otherwise wait for LRU
 // eviction, taking room from live connections.

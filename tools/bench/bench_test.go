@@ -1,0 +1,313 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+func TestRatioCI(t *testing.T) {
+	iv := RatioCI([]float64{0.98, 1.0, 1.02})
+	if !near(iv.Mean, 0.99993, 1e-4) || iv.N != 3 {
+		t.Fatalf("geometric mean = %+v", iv)
+	}
+	// t(2) = 4.303; sd of logs ~0.02 -> half-width ~0.0497 on the log scale.
+	if !(iv.Lo < 0.96 && iv.Lo > 0.94 && iv.Hi > 1.04 && iv.Hi < 1.06) {
+		t.Fatalf("interval = %+v, want about [0.951, 1.051]", iv)
+	}
+	if one := RatioCI([]float64{0.9}); one.N != 1 || one.Lo != one.Mean {
+		t.Fatalf("one round must give a point: %+v", one)
+	}
+	if none := RatioCI([]float64{0, math.Inf(1)}); none.Valid() {
+		t.Fatalf("no usable ratio must be invalid: %+v", none)
+	}
+}
+
+func TestPercentileAndT(t *testing.T) {
+	xs := []float64{5, 1, 4, 2, 3}
+	if p := Percentile(xs, 50); p != 3 {
+		t.Fatalf("p50 = %v", p)
+	}
+	if p := Percentile(xs, 0); p != 1 {
+		t.Fatalf("p0 = %v", p)
+	}
+	if p := Percentile(xs, 99); !near(p, 4.96, 1e-9) {
+		t.Fatalf("p99 = %v", p)
+	}
+	if !math.IsNaN(Percentile(nil, 50)) {
+		t.Fatal("no data must be NaN")
+	}
+	if tQuantile975(1) != 12.706 || tQuantile975(10) != 2.228 || tQuantile975(1000) != 1.96 {
+		t.Fatal("t table")
+	}
+}
+
+func TestRotation(t *testing.T) {
+	seen := map[int]map[int]bool{}
+	n := 4
+	for r := 0; r < n; r++ {
+		for pos, c := range rotation(n, r) {
+			if seen[c] == nil {
+				seen[c] = map[int]bool{}
+			}
+			seen[c][pos] = true
+		}
+	}
+	for c := 0; c < n; c++ {
+		if len(seen[c]) != n {
+			t.Fatalf("config %d took positions %v over %d rounds, want all", c, seen[c], n)
+		}
+	}
+}
+
+func TestParseProc(t *testing.T) {
+	stat := "1234 (gym trace) (x)) S 1 1234 1234 0 -1 4194560 500 0 0 0 250 75 0 0 20 0 9 0 100 1000 200"
+	ut, st, err := parseStat(stat)
+	if err != nil || ut != 250 || st != 75 {
+		t.Fatalf("parseStat = %d %d %v", ut, st, err)
+	}
+	if _, _, err := parseStat("garbage"); err == nil {
+		t.Fatal("garbage must fail")
+	}
+	rss, hwm := parseStatus("Name:\tgymtrace\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\n")
+	if rss != 40960*1024 || hwm != 51200*1024 {
+		t.Fatalf("parseStatus = %d %d", rss, hwm)
+	}
+	o := parseFDInfo("pos:\t0\nflags:\t02000002\nprog_type:\t5\nprog_jited:\t1\nprog_tag:\tbf07d4862ffa47f4\nprog_id:\t962\nrun_time_ns:\t63727\nrun_cnt:\t630\n")
+	if !o.IsProg() || o.ProgID != 962 || o.RunTimeNs != 63727 || o.RunCnt != 630 || o.ProgType != 5 {
+		t.Fatalf("prog fdinfo = %+v", o)
+	}
+	m := parseFDInfo("map_type:\t27\nkey_size:\t0\nmap_id:\t1612\n")
+	if !m.IsMap() || m.MapType != 27 || m.MapID != 1612 {
+		t.Fatalf("map fdinfo = %+v", m)
+	}
+}
+
+func TestOwnUsage(t *testing.T) {
+	u, err := readProcUsage(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RSSBytes == 0 || u.HWMBytes < u.RSSBytes {
+		t.Fatalf("usage of this test = %+v", u)
+	}
+}
+
+func TestParseMetrics(t *testing.T) {
+	text := `# HELP gymtrace_events_emitted_total Kernel HTTP events.
+# TYPE gymtrace_events_emitted_total counter
+gymtrace_events_emitted_total{group="server"} 12
+gymtrace_events_emitted_total{group="verify"} 3
+# TYPE gymtrace_ringbuf_reserve_failures_total counter
+gymtrace_ringbuf_reserve_failures_total 0
+# TYPE gymtrace_export_queue_length gauge
+gymtrace_export_queue_length 7
+`
+	m, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Sum("gymtrace_events_emitted_total") != 15 || m.Sum("gymtrace_export_queue_length") != 7 {
+		t.Fatalf("metrics = %v", m)
+	}
+	if _, ok := m["gymtrace_ringbuf_reserve_failures_total"]; !ok {
+		t.Fatal("a zero counter must be present")
+	}
+	if m.Sum("gymtrace_events") != 0 {
+		t.Fatal("Sum must match whole names only")
+	}
+}
+
+func TestParseWrk(t *testing.T) {
+	out := `Running 3s test @ http://127.0.0.1:4000/
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   1.01ms  300.00us   5.00ms   90.00%
+  61234 requests in 3.00s, 7.89MB read
+Requests/sec:  20411.33
+Transfer/sec:      2.63MB
+`
+	w, err := parseWrk(out)
+	if err != nil || w.Requests != 61234 || w.Seconds != 3 || w.RPS != 20411.33 {
+		t.Fatalf("parseWrk = %+v %v", w, err)
+	}
+	if _, err := parseWrk("wrk: connection refused"); err == nil {
+		t.Fatal("an unreadable output must fail")
+	}
+}
+
+func TestHookOfProgram(t *testing.T) {
+	for name, want := range map[string]string{
+		"gt_exit_read":     "sys_exit_read",
+		"gt_exit_recvfrom": "sys_exit_recvfrom",
+		"gt_exit_recvfro":  "sys_exit_recvfrom", // cut by the kernel
+		"gt_enter_close":   "sys_enter_close",
+		"gt_enter_accept4": "",                 // 16 bytes, unknown: cannot be completed
+		"gt_exit_connect":  "sys_exit_connect", // 15 bytes: BTF gives full names, so taken as whole
+		"gt_exit_accept":   "sys_exit_accept",
+		"gt_exec":          "",
+		"gt_fork":          "",
+	} {
+		if got := hookOfProgram(name); got != want {
+			t.Errorf("hookOfProgram(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+// synthetic runs: default is 2 % slower than untraced in every round.
+func syntheticReport() *Report {
+	rep := &Report{}
+	for r := 0; r < 3; r++ {
+		rep.Raw.Workload = append(rep.Raw.Workload,
+			wlRun{Config: "untraced", Round: r, Rollouts: 100, OK: 100, RolloutsPerS: 50 + float64(r), P50Ms: 80, P99Ms: 120, Requests: 900, StackCPUMs: 1000, TargetHits: 5400},
+			wlRun{Config: "default", Round: r, Rollouts: 100, OK: 100, RolloutsPerS: (50 + float64(r)) * 0.97, P50Ms: 82, P99Ms: 126,
+				Requests: 900, StackCPUMs: 1050, TracerCPUMs: 20, RingBytes: 100 * 34 * ringbufRecordBytes(), SpansBuilt: 1800, TargetHits: 5400,
+				Progs: []progDelta{{ID: 1, Name: "gt_exit_sendto", Type: "TracePoint", Hits: 10000, RuntimeNs: 10000*100 + 3000*2000,
+					TargetHits: 3000, IdleHits: 1000, IdleRuntimeNs: 100000}}})
+	}
+	rep.Raw.Tax = []taxRun{
+		{Mode: "untraced", Round: 0, NsPer: map[string]float64{"write": 200, "read": 210, "sendto+recvfrom": 400, "getppid": 100}},
+		{Mode: "empty", Round: 0, NsPer: map[string]float64{"write": 240, "read": 250, "sendto+recvfrom": 440, "getppid": 110}},
+		{Mode: "gymtrace", Round: 0, NsPer: map[string]float64{"write": 250, "read": 280, "sendto+recvfrom": 450, "getppid": 112}},
+	}
+	rep.Raw.Capacity = []capRun{{Exporter: "jsonl", Seconds: 10, Requests: 300000, SpansBuilt: 300000, SpansPerS: 30000,
+		TracerCPUMs: 3000, CoresUsed: 0.3, CPUMsPer1000: 10, SpansPerCoreSec: 100000, TracerPeakRSS: 120e6, TracerLoadRSS: 60e6}}
+	rep.analyse()
+	return rep
+}
+
+func TestAnalyse(t *testing.T) {
+	rep := syntheticReport()
+	var def *WorkloadRow
+	for i := range rep.Workload {
+		if rep.Workload[i].Config == "default" {
+			def = &rep.Workload[i]
+		}
+	}
+	if def == nil {
+		t.Fatalf("no default row: %+v", rep.Workload)
+	}
+	if !near(def.Throughput.Mean, 0.97, 1e-9) || def.Verdict != "MISS" {
+		t.Fatalf("default throughput %+v verdict %q, want 0.97 and MISS (target 0.98)", def.Throughput, def.Verdict)
+	}
+	// target runtime = total - host hits x idle cost = 7e6 - 7000 x 100 = 6.3e6 ns per run, / 900 requests.
+	if !near(def.EBPFNsPerReq.Mean, 6.3e6/900, 1e-6) {
+		t.Fatalf("eBPF ns/request = %+v, want %v", def.EBPFNsPerReq, 6.3e6/900)
+	}
+	if !near(def.RecordsPerRoll, 34, 1e-9) || !near(def.HitsPerReq, 6, 1e-9) {
+		t.Fatalf("records/rollout %v hits/req %v", def.RecordsPerRoll, def.HitsPerReq)
+	}
+	var p *ProgramRow
+	for i := range rep.Programs {
+		if rep.Programs[i].Program == "gt_exit_sendto" {
+			p = &rep.Programs[i]
+		}
+	}
+	if p == nil || !near(p.HostNsPerHit, 100, 1e-9) || !near(p.TargetNsPerHit, 2100, 1e-9) {
+		t.Fatalf("program row = %+v, want host 100 ns/hit and target 2100 ns/hit", p)
+	}
+	for _, x := range rep.Tax {
+		if x.Syscall == "read" && (!near(x.AboveFloor.Mean, 30, 1e-9) || x.Verdict != "MISS") {
+			t.Fatalf("read tax = %+v", x)
+		}
+		if x.Syscall == "write" && (!near(x.Floor.Mean, 40, 1e-9) || x.Verdict != "ok") {
+			t.Fatalf("write tax = %+v", x)
+		}
+	}
+	if len(rep.Capacity) != 1 || rep.Capacity[0].Verdict != "ok" {
+		t.Fatalf("capacity = %+v", rep.Capacity)
+	}
+	// The synthetic run lacks most configurations: the table is incomplete.
+	if err := rep.complete(map[string]bool{"workload": true}); err == nil {
+		t.Fatal("complete() must report the missing rows")
+	}
+	if err := rep.complete(map[string]bool{"tax": true, "capacity": true}); err != nil {
+		t.Fatalf("tax and capacity are complete: %v", err)
+	}
+	var sb strings.Builder
+	rep.Print(&sb)
+	rep.Markdown(&sb)
+	for _, want := range []string{"1. Gym-shaped workload", "gt_exit_sendto", "3. Tax", "4. Agent capacity", "| --- |"} {
+		if !strings.Contains(sb.String(), want) {
+			t.Errorf("printed table lacks %q", want)
+		}
+	}
+}
+
+func TestJSONWithMissingFigures(t *testing.T) {
+	rep := syntheticReport()
+	rep.Workload[0].P99Ms = math.NaN()
+	path := t.TempDir() + "/b.json"
+	if err := writeJSON(path, rep); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	var back map[string]any
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("report JSON does not parse: %v", err)
+	}
+	w := back["workload"].([]any)[0].(map[string]any)
+	if v, ok := w["p99_ms"]; !ok || v != nil {
+		t.Fatalf("a NaN figure must be null, got %v (present %v)", v, ok)
+	}
+	if _, ok := w["throughput_ratio"]; !ok {
+		t.Fatal("intervals must be encoded")
+	}
+}
+
+// Privileged: the floor program and the hit counter really attach, and the
+// counter counts this process's own syscalls and nobody else's.
+func TestCounterAndFloor(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF)")
+	}
+	f, err := attachEmptyFloor([]string{"sys_exit_write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hc, err := newHitCounter([]string{"sys_exit_write", "sys_exit_read"}, []int{os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	null, err := os.OpenFile("/dev/null", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	before, err := hc.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		unix.Write(int(null.Fd()), []byte("x"))
+	}
+	time.Sleep(10 * time.Millisecond)
+	after, err := hc.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after["sys_exit_write"] - before["sys_exit_write"]; d < 100 || d > 1000 {
+		t.Fatalf("counted %d writes of this process, want about 100", d)
+	}
+	// Someone else's writes are not counted.
+	hc.watched.Delete(uint32(os.Getpid()))
+	b2, _ := hc.Read()
+	for i := 0; i < 100; i++ {
+		unix.Write(int(null.Fd()), []byte("x"))
+	}
+	a2, _ := hc.Read()
+	if a2["sys_exit_write"] != b2["sys_exit_write"] {
+		t.Fatalf("an unwatched process was counted: %d -> %d", b2["sys_exit_write"], a2["sys_exit_write"])
+	}
+}

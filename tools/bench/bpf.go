@@ -1,0 +1,182 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+// gymtraceHooks are the syscall tracepoints gymtrace attaches (internal/loader):
+// the exits of the data syscalls and the entry of close. The tax phase reads
+// the running gymtrace's own programs and puts the floor on those; this list
+// completes names the kernel cut to 15 bytes.
+var gymtraceHooks = []string{
+	"sys_exit_read", "sys_exit_recvfrom", "sys_exit_readv", "sys_exit_recvmsg",
+	"sys_exit_write", "sys_exit_sendto", "sys_exit_writev", "sys_exit_sendmsg",
+	"sys_enter_close",
+}
+
+// hookOfProgram maps a gymtrace program name to its syscall tracepoint:
+// gt_exit_read -> sys_exit_read, gt_enter_close -> sys_enter_close; "" for
+// programs elsewhere (sched, uprobes). Kernel names are cut at 15 bytes, so a
+// cut name is completed from the known hooks.
+func hookOfProgram(name string) string {
+	for _, h := range gymtraceHooks {
+		full := "gt_" + strings.TrimPrefix(h, "sys_")
+		if name == full || (len(name) == 15 && strings.HasPrefix(full, name)) {
+			return h
+		}
+	}
+	for _, p := range []string{"gt_exit_", "gt_enter_"} {
+		if rest, ok := strings.CutPrefix(name, p); ok && rest != "" && len(name) <= 15 {
+			return "sys_" + strings.TrimPrefix(p, "gt_") + rest
+		}
+	}
+	return ""
+}
+
+// progMeta is what the harness shows of a program besides its counters.
+type progMeta struct {
+	Name string
+	Type string
+}
+
+// programMeta names a program by ID. cilium/ebpf takes the full function
+// name from BTF when the kernel's 16-byte name was cut.
+func programMeta(id uint32) (progMeta, error) {
+	p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+	if err != nil {
+		return progMeta{}, fmt.Errorf("opening BPF program %d: %w", id, err)
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return progMeta{}, fmt.Errorf("reading BPF program %d info: %w", id, err)
+	}
+	return progMeta{Name: info.Name, Type: info.Type.String()}, nil
+}
+
+func mapName(id uint32) string {
+	m, err := ebpf.NewMapFromID(ebpf.MapID(id))
+	if err != nil {
+		return ""
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		return ""
+	}
+	return info.Name
+}
+
+// ringbufProducerPos reads the BPF ring buffer's producer position: the
+// total bytes ever reserved in it (8-byte record headers included). The
+// kernel lets any holder of the map's fd map that page read-only, so the
+// bytes copied out of the kernel are measured exactly, with no product
+// counter and no effect on the tracer.
+func ringbufProducerPos(mapID uint32) (uint64, error) {
+	m, err := ebpf.NewMapFromID(ebpf.MapID(mapID))
+	if err != nil {
+		return 0, fmt.Errorf("opening ring buffer map %d: %w", mapID, err)
+	}
+	defer m.Close()
+	page := os.Getpagesize()
+	mem, err := unix.Mmap(m.FD(), int64(page), page, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("mapping the producer page of ring buffer %d: %w", mapID, err)
+	}
+	defer unix.Munmap(mem)
+	return binary.NativeEndian.Uint64(mem[:8]), nil
+}
+
+// ringbufRecordBytes is the ring-buffer footprint of one gymtrace record:
+// the 8-byte header plus the fixed-size http_event, rounded up to 8 bytes.
+func ringbufRecordBytes() uint64 {
+	return uint64((loader.HTTPEventSize + 8 + 7) &^ 7)
+}
+
+// gateFlags reads gt_config.flags from a running gymtrace's map, so the
+// report says which mode the kernel actually ran in.
+func gateFlags(mapID uint32) (uint32, error) {
+	m, err := ebpf.NewMapFromID(ebpf.MapID(mapID))
+	if err != nil {
+		return 0, fmt.Errorf("opening gt_config map %d: %w", mapID, err)
+	}
+	defer m.Close()
+	var cfg loader.Config
+	if err := m.Lookup(uint32(0), &cfg); err != nil {
+		return 0, fmt.Errorf("reading gt_config: %w", err)
+	}
+	return cfg.Flags, nil
+}
+
+// enableStats turns on kernel.bpf_stats_enabled for as long as the returned
+// closer is open (the kernel counts holders, so it never turns off stats
+// another tool asked for).
+func enableStats() (io.Closer, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enabling bpf_stats (needs root and Linux >= 5.8): %w", err)
+	}
+	return c, nil
+}
+
+// bpfStatsSysctl is the current kernel.bpf_stats_enabled value ("" if unknown).
+func bpfStatsSysctl() string {
+	b, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// emptyFloor is a program that returns 0 at once, attached to every gymtrace
+// hook: what any tracepoint program costs on those hooks before it does a
+// thing. gymtrace's untargeted tax is measured above it.
+type emptyFloor struct {
+	prog  *ebpf.Program
+	links []link.Link
+}
+
+func attachEmptyFloor(hooks []string) (*emptyFloor, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "gtbench_empty",
+		Type:         ebpf.TracePoint,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("loading the empty floor program: %w", err)
+	}
+	f := &emptyFloor{prog: prog}
+	for _, h := range hooks {
+		l, err := link.Tracepoint("syscalls", h, prog, nil)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("attaching the empty program to syscalls/%s (is tracefs mounted?): %w", h, err)
+		}
+		f.links = append(f.links, l)
+	}
+	return f, nil
+}
+
+func (f *emptyFloor) Close() error {
+	var errs []error
+	for _, l := range f.links {
+		errs = append(errs, l.Close())
+	}
+	errs = append(errs, f.prog.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,455 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// wlConfig is one way of running the Gym-shaped workload.
+type wlConfig struct {
+	Name   string // row name in the table
+	Traced bool
+	Spec   string // --span-groups
+	NoGate bool   // GYMTRACE_BENCH_NO_GATE=1
+}
+
+var workloadConfigs = []wlConfig{
+	{Name: "untraced"},
+	{Name: "groups off", Traced: true, Spec: ""},
+	{Name: "default", Traced: true, Spec: "default"},
+	{Name: "per_rollout", Traced: true, Spec: "per_rollout"},
+	{Name: "all", Traced: true, Spec: "all"},
+	{Name: "verify, gate", Traced: true, Spec: "verify"},
+	{Name: "verify, no gate", Traced: true, Spec: "verify", NoGate: true},
+}
+
+// progDelta is one program's bpf_stats over a run.
+type progDelta struct {
+	ID        uint32 `json:"id"`
+	Name      string `json:"name"`
+	Type      string `json:"type"`
+	Hits      uint64 `json:"hits"`       // every run, any process on the host
+	RuntimeNs uint64 `json:"runtime_ns"` // their total run time
+	// TargetHits are the runs in the traced servers (from the hit counter;
+	// 0 for programs not on a syscall hook).
+	TargetHits uint64 `json:"target_hits"`
+	// The idle window just before the run: only the rest of the host
+	// (and a few idle syscalls of the servers) ran the program, which gives
+	// the cost of a hit that stops at the target check.
+	IdleHits       uint64 `json:"idle_hits"`
+	IdleTargetHits uint64 `json:"idle_target_hits"`
+	IdleRuntimeNs  uint64 `json:"idle_runtime_ns"`
+}
+
+// isUprobe: a uprobe program fires only in processes that map the probed
+// binary, which here are the traced Python servers, so all its hits are
+// counted as theirs.
+func (p progDelta) isUprobe() bool { return p.Type == "Kprobe" }
+
+// targetHits are the runs on behalf of the traced servers.
+func (p progDelta) targetHits() uint64 {
+	if p.isUprobe() {
+		return p.Hits
+	}
+	return p.TargetHits
+}
+
+// hostNsPerHit is the cost of a run of this program for a process that is
+// not traced, from the idle window; NaN when the window saw none.
+func (p progDelta) hostNsPerHit() float64 {
+	if p.isUprobe() || p.IdleHits <= p.IdleTargetHits {
+		return math.NaN()
+	}
+	return float64(p.IdleRuntimeNs) / float64(p.IdleHits-p.IdleTargetHits)
+}
+
+// targetRuntimeNs is the run time spent on the traced servers' syscalls:
+// the total less the host's hits at the idle cost per hit.
+func (p progDelta) targetRuntimeNs() float64 {
+	if p.isUprobe() {
+		return float64(p.RuntimeNs)
+	}
+	if p.TargetHits == 0 {
+		return 0
+	}
+	c := p.hostNsPerHit()
+	if math.IsNaN(c) {
+		c = 0
+	}
+	rt := float64(p.RuntimeNs) - float64(p.Hits-min(p.Hits, p.TargetHits))*c
+	return math.Max(rt, 0)
+}
+
+// wlRun is one run of the workload under one configuration.
+type wlRun struct {
+	Config        string      `json:"config"`
+	Round         int         `json:"round"`
+	Rollouts      int         `json:"rollouts"`
+	OK            int         `json:"ok"`
+	ElapsedS      float64     `json:"elapsed_s"`
+	RolloutsPerS  float64     `json:"rollouts_per_s"`
+	P50Ms         float64     `json:"p50_ms"`
+	P99Ms         float64     `json:"p99_ms"`
+	Requests      int         `json:"requests"` // HTTP requests the three servers served
+	StackCPUMs    float64     `json:"stack_cpu_ms"`
+	Progs         []progDelta `json:"programs,omitempty"`
+	TargetHits    uint64      `json:"target_syscall_hits"` // the servers' syscalls on gymtrace's hooks
+	RingBytes     uint64      `json:"ring_bytes,omitempty"`
+	GateFlags     uint32      `json:"gate_flags,omitempty"`
+	TracerCPUMs   float64     `json:"tracer_cpu_ms,omitempty"`
+	TracerHWMB    uint64      `json:"tracer_peak_rss_bytes,omitempty"`
+	SpansBuilt    float64     `json:"spans_built,omitempty"`
+	RingbufFailed float64     `json:"ringbuf_reserve_failures,omitempty"`
+	Invalid       string      `json:"invalid,omitempty"`
+}
+
+// stack is the Gym-shaped test stack, started once and kept warm.
+type stack struct {
+	launcher  *child
+	pids      map[string]int // agent, model, resources
+	collector []string
+	truth     string
+	truthOff  int64
+}
+
+type readyLine struct {
+	Event   string `json:"event"`
+	Error   string `json:"error"`
+	Servers map[string]struct {
+		PID int `json:"pid"`
+	} `json:"servers"`
+	CollectorArgv []string `json:"collector_argv"`
+}
+
+func startStack(ctx context.Context, root, dir string, warmup int) (*stack, error) {
+	truth := filepath.Join(dir, "truth.jsonl")
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{"/usr/bin/python3", filepath.Join(root, "test/stack/launch.py"), "--serve",
+		"--warmup", strconv.Itoa(warmup), "--truth", truth, "--log-dir", filepath.Join(dir, "stack")}
+	c, err := startChild("test stack", argv, nil, filepath.Join(dir, "launch.log"), pw)
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		return nil, err
+	}
+	first := make(chan string, 1)
+	go func() {
+		br := bufio.NewReader(pr)
+		l, _ := br.ReadString('\n')
+		first <- l
+		io.Copy(io.Discard, br)
+		pr.Close()
+	}()
+	var line string
+	select {
+	case line = <-first:
+	case <-time.After(120 * time.Second):
+		c.stop(5 * time.Second)
+		return nil, fmt.Errorf("the test stack printed no ready line within 120s:\n%s", c.logTail())
+	}
+	var rl readyLine
+	if err := json.Unmarshal([]byte(line), &rl); err != nil || rl.Event != "ready" {
+		c.stop(5 * time.Second)
+		return nil, fmt.Errorf("the test stack did not start (%q %s):\n%s", strings.TrimSpace(line), rl.Error, c.logTail())
+	}
+	s := &stack{launcher: c, pids: map[string]int{}, collector: rl.CollectorArgv, truth: truth}
+	for _, role := range []string{"agent", "model", "resources"} {
+		p := rl.Servers[role].PID
+		if p == 0 {
+			c.stop(5 * time.Second)
+			return nil, fmt.Errorf("the test stack's ready line has no %s pid: %s", role, line)
+		}
+		s.pids[role] = p
+	}
+	time.Sleep(400 * time.Millisecond) // let the warmup's truth records flush
+	s.countRequests()
+	return s, nil
+}
+
+func (s *stack) pidArg() string {
+	return fmt.Sprintf("%d=agent,%d=model,%d=resources", s.pids["agent"], s.pids["model"], s.pids["resources"])
+}
+
+func (s *stack) cpu() (time.Duration, error) {
+	var sum time.Duration
+	for role, p := range s.pids {
+		u, err := readProcUsage(p)
+		if err != nil {
+			return 0, fmt.Errorf("the %s server: %w", role, err)
+		}
+		sum += u.CPU
+	}
+	return sum, nil
+}
+
+// countRequests counts the "in" truth records (one per request a server
+// finished) written since the last call.
+func (s *stack) countRequests() int {
+	f, err := os.Open(s.truth)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	f.Seek(s.truthOff, io.SeekStart)
+	data, _ := io.ReadAll(f)
+	// Only whole lines: a flush in progress is counted next time.
+	end := bytes.LastIndexByte(data, '\n') + 1
+	s.truthOff += int64(end)
+	n := 0
+	for _, line := range bytes.Split(data[:end], []byte("\n")) {
+		var r struct {
+			Ev string `json:"ev"`
+		}
+		if json.Unmarshal(line, &r) == nil && r.Ev == "in" {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *stack) stop() error { return s.launcher.stop(20 * time.Second) }
+
+type collectorSummary struct {
+	Rollouts     int     `json:"rollouts"`
+	OK           int     `json:"ok"`
+	ElapsedS     float64 `json:"elapsed_s"`
+	RolloutsPerS float64 `json:"rollouts_per_s"`
+	Errors       []any   `json:"errors"`
+}
+
+// collect runs the collector once and returns its summary and the /run
+// latency of every rollout (seconds).
+func (s *stack) collect(ctx context.Context, dir string, rollouts, conc int) (collectorSummary, []float64, error) {
+	var sum collectorSummary
+	results := filepath.Join(dir, "results.jsonl")
+	argv := append(append([]string{}, s.collector...), "--rollouts", strconv.Itoa(rollouts),
+		"--concurrency", strconv.Itoa(conc), "--results", results)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	runErr := cmd.Run()
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+		return sum, nil, fmt.Errorf("the collector printed no summary (%v): %s", runErr, tail(errb.String(), 800))
+	}
+	var lat []float64
+	data, err := os.ReadFile(results)
+	if err != nil {
+		return sum, nil, fmt.Errorf("reading the collector's per-rollout results: %w", err)
+	}
+	for _, l := range bytes.Split(data, []byte("\n")) {
+		var r struct {
+			Status    *int    `json:"status"`
+			DurationS float64 `json:"duration_s"`
+		}
+		if json.Unmarshal(l, &r) == nil && r.Status != nil && *r.Status == 200 {
+			lat = append(lat, r.DurationS)
+		}
+	}
+	return sum, lat, nil
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// wlOptions size the workload phase.
+type wlOptions struct {
+	Root, Dir, Gymtrace string
+	Rounds, Rollouts    int
+	Concurrency, Warmup int
+	Idle                time.Duration // idle window before each traced run
+	Log                 *slog.Logger
+}
+
+// runWorkload runs every configuration Rounds times, interleaved.
+func runWorkload(ctx context.Context, o wlOptions) ([]wlRun, error) {
+	st, err := startStack(ctx, o.Root, workDir(o.Dir, "workload"), o.Warmup)
+	if err != nil {
+		return nil, err
+	}
+	defer st.stop()
+	o.Log.Info("test stack up", "pids", st.pidArg())
+	hc, err := newHitCounter(gymtraceHooks, []int{st.pids["agent"], st.pids["model"], st.pids["resources"]})
+	if err != nil {
+		return nil, err
+	}
+	defer hc.Close()
+	// One unrecorded run first: the servers' first collection after start is
+	// slower (lazy imports, first connections), and it must not land in a
+	// measured round.
+	if _, _, err := st.collect(ctx, workDir(o.Dir, "workload"), o.Rollouts, o.Concurrency); err != nil {
+		return nil, fmt.Errorf("settling run: %w", err)
+	}
+
+	var runs []wlRun
+	for r := 0; r < o.Rounds; r++ {
+		for _, i := range rotation(len(workloadConfigs), r) {
+			cfg := workloadConfigs[i]
+			if ctx.Err() != nil {
+				return runs, ctx.Err()
+			}
+			run, err := runOnce(ctx, o, st, hc, cfg, r)
+			if err != nil {
+				return runs, fmt.Errorf("workload %q, round %d: %w", cfg.Name, r+1, err)
+			}
+			o.Log.Info("workload run", "round", r+1, "config", cfg.Name, "rollouts_per_s", run.RolloutsPerS,
+				"p50_ms", fmt.Sprintf("%.1f", run.P50Ms), "requests", run.Requests, "invalid", run.Invalid)
+			runs = append(runs, run)
+		}
+	}
+	return runs, nil
+}
+
+func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wlConfig, round int) (wlRun, error) {
+	run := wlRun{Config: cfg.Name, Round: round}
+	dir := workDir(o.Dir, "workload")
+	var gt *gymtrace
+	if cfg.Traced {
+		var err error
+		gt, err = startGymtrace(ctx, gymtraceOptions{
+			Bin: o.Gymtrace,
+			Args: []string{"--pid", st.pidArg(), "--span-groups", cfg.Spec,
+				"--exporter", "jsonl", "--output", "/dev/null"},
+			NoGate:  cfg.NoGate,
+			LogPath: filepath.Join(dir, fmt.Sprintf("gymtrace-r%d-%s.log", round, slug(cfg.Name))),
+		})
+		if err != nil {
+			return run, err
+		}
+		defer gt.stop(15 * time.Second)
+	}
+	var kIdle kernelSnap
+	var hIdle map[string]uint64
+	var err error
+	if gt != nil {
+		if kIdle, err = snapKernel(gt.pid()); err != nil {
+			return run, err
+		}
+		if hIdle, err = hc.Read(); err != nil {
+			return run, err
+		}
+		time.Sleep(o.Idle)
+	}
+	st.countRequests() // discard anything before this run
+	cpu0, err := st.cpu()
+	if err != nil {
+		return run, err
+	}
+	h0, err := hc.Read()
+	if err != nil {
+		return run, err
+	}
+	var k0 kernelSnap
+	var m0 Metrics
+	if gt != nil {
+		if k0, err = snapKernel(gt.pid()); err != nil {
+			return run, err
+		}
+		if m0, err = scrapeMetrics(gt.metricsAddr); err != nil {
+			return run, err
+		}
+	}
+
+	sum, lat, err := st.collect(ctx, dir, o.Rollouts, o.Concurrency)
+	if err != nil {
+		return run, err
+	}
+	// The servers flush their truth records every 200 ms.
+	time.Sleep(300 * time.Millisecond)
+	cpu1, err := st.cpu()
+	if err != nil {
+		return run, err
+	}
+	run.Requests = st.countRequests()
+	h1, err := hc.Read()
+	if err != nil {
+		return run, err
+	}
+	for _, h := range gymtraceHooks {
+		run.TargetHits += h1[h] - h0[h]
+	}
+	run.Rollouts, run.OK, run.ElapsedS, run.RolloutsPerS = sum.Rollouts, sum.OK, sum.ElapsedS, sum.RolloutsPerS
+	run.StackCPUMs = float64(cpu1-cpu0) / 1e6
+	run.P50Ms = Percentile(lat, 50) * 1000
+	run.P99Ms = Percentile(lat, 99) * 1000
+	if sum.OK != sum.Rollouts {
+		run.Invalid = fmt.Sprintf("%d of %d rollouts failed: %v", sum.Rollouts-sum.OK, sum.Rollouts, sum.Errors)
+	}
+	if gt == nil {
+		return run, nil
+	}
+	k1, err := snapKernel(gt.pid())
+	if err != nil {
+		return run, err
+	}
+	m1, err := scrapeMetrics(gt.metricsAddr)
+	if err != nil {
+		return run, err
+	}
+	run.Progs = progDeltas(kIdle, k0, k1, hIdle, h0, h1)
+	run.RingBytes = k1.RingPos - k0.RingPos
+	run.GateFlags = k1.GateFlags
+	run.TracerCPUMs = float64(k1.Usage.CPU-k0.Usage.CPU) / 1e6
+	run.TracerHWMB = k1.Usage.HWMBytes
+	run.SpansBuilt = m1.Sum("gymtrace_spans_built_total") - m0.Sum("gymtrace_spans_built_total")
+	run.RingbufFailed = m1.Sum("gymtrace_ringbuf_reserve_failures_total") - m0.Sum("gymtrace_ringbuf_reserve_failures_total")
+	if err := gt.stop(15 * time.Second); err != nil {
+		return run, fmt.Errorf("stopping gymtrace: %w", err)
+	}
+	return run, nil
+}
+
+// progDeltas: idle window [ki, k0], run [k0, k1]; h* are the hit counter's
+// readings at the same moments.
+func progDeltas(ki, k0, k1 kernelSnap, hi, h0, h1 map[string]uint64) []progDelta {
+	var out []progDelta
+	for id, p1 := range k1.Progs {
+		p0, pi := k0.Progs[id], ki.Progs[id]
+		d := progDelta{ID: id, Hits: p1.RunCnt - p0.RunCnt, RuntimeNs: p1.RunTimeNs - p0.RunTimeNs,
+			IdleHits: p0.RunCnt - pi.RunCnt, IdleRuntimeNs: p0.RunTimeNs - pi.RunTimeNs}
+		if meta, err := programMeta(id); err == nil {
+			d.Name, d.Type = meta.Name, meta.Type
+		}
+		if h := hookOfProgram(d.Name); h != "" && d.Type == "TracePoint" {
+			d.TargetHits = h1[h] - h0[h]
+			d.IdleTargetHits = h0[h] - hi[h]
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func slug(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(s))
+}
