@@ -40,7 +40,6 @@ enum gt_inj_state {
 // that syscall's enter and exit: every hooked write's enter resets it, and
 // the sk_msg program also checks the socket's ports.
 struct gt_inject_rec {
-	__u64 ubuf;     // first user buffer of the syscall (the parser's message start)
 	__u32 tgid;
 	__s32 fd;
 	__u32 line_end; // offset just past the request line's CRLF
@@ -60,7 +59,7 @@ struct gt_inj_scan {
 	__u32 line_end; // 0 until the request line's end is found
 	__s32 end;      // offset past the header block, -1 until found
 	__u32 tp;       // a traceparent header line was seen
-	__u8 ids[24];   // trace id, span id being formatted
+	__u8 ids[32];   // trace id, span id (and flags) being formatted or parsed
 	struct gt_inject_rec rec;
 };
 
@@ -228,7 +227,7 @@ __noinline int gt_inject_check(__u64 ubuf, __u32 len)
 
 // Decides the ids for a request gt_inject_check accepted and leaves the
 // header line in the thread's record. Global for the same reason.
-__noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u64 ubuf, __u32 le, __u32 ports)
+__noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports)
 {
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	// Which trace: the inbound request whose handler makes this call.
@@ -298,7 +297,6 @@ __noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u64 ubuf, __u32 le, 
 	r->line[69] = '\n';
 	r->line[70] = 0;
 	r->line[71] = 0;
-	r->ubuf = ubuf;
 	r->tgid = tgid;
 	r->fd = fd;
 	r->line_end = le;
@@ -383,7 +381,7 @@ static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a
 	int le = gt_inject_check(buf, (__u32)(len > GT_SCRATCH ? GT_SCRATCH : len));
 	if (le <= 0)
 		return 0;
-	return gt_inject_decide(id, fd, buf, le, ports);
+	return gt_inject_decide(id, fd, le, ports);
 }
 
 // Called by the parser (bpf/syscalls.h, gt_py_note) at every message start
@@ -418,6 +416,75 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 		gt_inj_stat(GT_INJ_STAT_NOT_PUSHED);
 	}
 	r->state = GT_INJ_NONE;
+	return 0;
+}
+
+// Is injection on? (The parser wakes the reader for inbound requests then.)
+static __always_inline int gt_inject_wake(void)
+{
+	struct gt_inject_config *icfg = gt_inj_cfg();
+	return icfg && (icfg->flags & GT_INJ_ON);
+}
+
+static __always_inline int gt_unhex(__u8 c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+// Called by the parser (bpf/syscalls.h, gt_headers) when a request a target
+// serves carries a traceparent. Its trace is then known here, so it is
+// published at once for the calls its handler makes: userspace publishes the
+// same trace when it sees the request, but a handler's first call can beat
+// it. Only a well-formed version-00 value is used (userspace ignores others
+// and would choose another trace), and only while the server group is on
+// (with it off, Gym does not read the header either).
+__noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io)
+{
+	if (!c || !io || c->side != GT_SIDE_SERVER || !(io->mask & GT_GROUP_SERVER))
+		return 0;
+	struct gt_inject_config *icfg = gt_inj_cfg();
+	if (!icfg || !(icfg->flags & GT_INJ_ON))
+		return 0;
+	const __u8 *tp = c->req.traceparent;
+	if (tp[0] != '0' || tp[1] != '0' || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
+		return 0;
+	__u32 zero = 0;
+	struct gt_inj_scan *st = bpf_map_lookup_elem(&gt_inject_scan, &zero);
+	if (!st)
+		return 0;
+	// ids[0..16) trace id, ids[16..24) span id, ids[24] flags (hex pairs
+	// at 3, 36 and 53).
+	__u8 any_t = 0, any_s = 0, bad = 0;
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < 25; i++) {
+		int at = i < 16 ? 3 + 2 * i : (i < 24 ? 36 + 2 * (i - 16) : 53);
+		if (at > 53)
+			break;
+		int hi = gt_unhex(tp[at]), lo = gt_unhex(tp[at + 1]);
+		if (hi < 0 || lo < 0) {
+			bad = 1;
+			break;
+		}
+		__u8 v = hi << 4 | lo;
+		st->ids[i & 31] = v;
+		if (i < 16)
+			any_t |= v;
+		else if (i < 24)
+			any_s |= v;
+	}
+	if (bad || !any_t || !any_s)
+		return 0;
+	struct gt_trace_key k = {.conn = c->conn_id, .seq = c->req.seq};
+	struct gt_trace_ctx v = {};
+	__builtin_memcpy(v.trace_id, st->ids, 16);
+	__builtin_memcpy(v.span_id, &st->ids[16], 8);
+	v.flags = st->ids[24] & 1;
+	// Userspace's entry, if it came first, is the authority.
+	bpf_map_update_elem(&gt_trace_ctxs, &k, &v, BPF_NOEXIST);
 	return 0;
 }
 

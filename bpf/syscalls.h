@@ -57,6 +57,8 @@ struct gt_msghdr {
 // calls; a call in gt_start_request itself would grow gt_step's verification
 // past the limit).
 __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io);
+__noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io);
+static __always_inline int gt_inject_wake(void);
 #endif
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
@@ -87,6 +89,14 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	e->flags |= gt_tls_ev_flag(c);
 	e->end_ns = io->now;
 	e->body_len = d->body_len;
+#ifdef GT_INJECT
+	// Injection: userspace must see an inbound request before its handler's
+	// first call to publish its trace (bpf/inject.h); don't let it wait for
+	// the next poll. A request that carried traceparent needs no wait.
+	if (c->side == GT_SIDE_SERVER && !(e->flags & GT_F_TRACEPARENT) && gt_inject_wake()) {
+		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	} else
+#endif
 	gt_submit(e);
 	c->emitted_ring |= 1ULL << (c->req.seq & 63);
 }
@@ -275,6 +285,9 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	if (d->is_req && sc->scan.tp_found) {
 		bpf_probe_read_kernel(c->req.traceparent, GT_TRACEPARENT_LEN, &sc->buf[sc->scan.tp_at & GT_SCRATCH_MASK]);
 		c->req.flags |= GT_F_TRACEPARENT;
+#ifdef GT_INJECT
+		gt_inject_inbound(c, io);
+#endif
 	}
 	if (d->is_req && sc->scan.host_found) {
 		__u32 at = sc->scan.host_at;
@@ -743,19 +756,25 @@ __noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	return 0;
 }
 
+// The gate changed since the connection was last seen: whatever was
+// mid-flight is resynchronised at its next message start.
+static __always_inline void gt_conn_check_gen(struct gt_conn *c, __u32 gen)
+{
+	if (c->cfg_gen == gen)
+		return;
+	c->cfg_gen = gen;
+	if (c->dir[0].phase != GT_PH_IDLE)
+		c->dir[0].phase = GT_PH_SKIP;
+	if (c->dir[1].phase != GT_PH_IDLE)
+		c->dir[1].phase = GT_PH_SKIP;
+}
+
 static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create)
 {
 	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
 	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
 	if (c) {
-		if (c->cfg_gen != io->cfg_gen) {
-			// The gate changed: whatever was mid-flight is resynchronised.
-			c->cfg_gen = io->cfg_gen;
-			if (c->dir[0].phase != GT_PH_IDLE)
-				c->dir[0].phase = GT_PH_SKIP;
-			if (c->dir[1].phase != GT_PH_IDLE)
-				c->dir[1].phase = GT_PH_SKIP;
-		}
+		gt_conn_check_gen(c, io->cfg_gen);
 		return c;
 	}
 	if (!create)

@@ -104,13 +104,7 @@ static __always_inline struct gt_conn *gt_tls_conn(struct gt_io *io, __u64 ssl, 
 	struct gt_tls_key key = {.tgid = io->tgid, .ssl = ssl};
 	struct gt_conn *c = bpf_map_lookup_elem(&gt_tls_conns, &key);
 	if (c) {
-		if (c->cfg_gen != io->cfg_gen) {
-			c->cfg_gen = io->cfg_gen;
-			if (c->dir[0].phase != GT_PH_IDLE)
-				c->dir[0].phase = GT_PH_SKIP;
-			if (c->dir[1].phase != GT_PH_IDLE)
-				c->dir[1].phase = GT_PH_SKIP;
-		}
+		gt_conn_check_gen(c, io->cfg_gen);
 		return c;
 	}
 	if (!create)

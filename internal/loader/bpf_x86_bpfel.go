@@ -193,7 +193,6 @@ type bpfGtInjectConfig struct {
 
 type bpfGtInjectRec struct {
 	_       structs.HostLayout
-	Ubuf    uint64
 	Tgid    uint32
 	Fd      int32
 	LineEnd uint32

@@ -94,6 +94,18 @@ func loadKernel(t *testing.T) *kernel {
 	return k
 }
 
+// logRunTime logs the TLS programs' average run time (needs sysctl
+// kernel.bpf_stats_enabled=1).
+func (k *kernel) logRunTime(t *testing.T) {
+	for name, p := range map[string]*ebpf.Program{"rw_entry": k.objs.GtTlsRwEntry, "rw_ret": k.objs.GtTlsRwRet,
+		"exit_sendto": k.objs.GtExitSendto, "exit_recvfrom": k.objs.GtExitRecvfrom} {
+		st, err := p.Stats()
+		if err == nil && st.RunCount > 0 {
+			t.Logf("%-14s %7d runs %7d ns/run", name, st.RunCount, st.Runtime.Nanoseconds()/int64(st.RunCount))
+		}
+	}
+}
+
 func (k *kernel) programs() Programs {
 	p := k.objs
 	return Programs{RWEntry: p.GtTlsRwEntry, RWReturn: p.GtTlsRwRet, Handshake: p.GtTlsHandshake, Free: p.GtTlsFree}
@@ -301,8 +313,8 @@ func checkExchanges(t *testing.T, evs []rawEvent, u *upstream, n int, path strin
 			t.Errorf("status %d", r.Status)
 		}
 		if streamed {
-			if r.Flags&testbpf.FlagChunked == 0 {
-				t.Errorf("response not chunked: %#x", r.Flags)
+			if r.Flags&(testbpf.FlagChunked|testbpf.FlagEndByClose) == 0 {
+				t.Errorf("response neither chunked nor ended by close: %#x", r.Flags)
 			}
 			if d := time.Duration(r.EndNs - r.StartNs); d < u.streamed*9/10 {
 				t.Errorf("response lasted %v, the stream %v: not its true end", d, u.streamed)
@@ -336,6 +348,21 @@ func TestKernel(t *testing.T) {
 		checkExchanges(t, k.take(py.pid), u, 3, "/v1/chat/completions", true)
 		if d := k.stat(t, testbpf.StatTLSLinked) - linked; d != 1 {
 			t.Errorf("%d SSL objects linked, want 1 (one keep-alive connection)", d)
+		}
+		if os.Getenv("GYMTRACE_TLS_COST") != "" {
+			k.logRunTime(t)
+			py.do(t, "aiohttp "+u.url("/json")+" 300", "done 200")
+			k.logRunTime(t)
+			k.take(py.pid)
+			plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				_, _ = w.Write([]byte(`{"ok": true}`))
+			}))
+			defer plain.Close()
+			t.Log("plain HTTP, same load:")
+			py.do(t, "aiohttp "+plain.URL+"/json 300", "done 200")
+			k.logRunTime(t)
+			k.take(py.pid)
 		}
 	})
 
@@ -401,43 +428,55 @@ func TestKernel(t *testing.T) {
 		}
 	})
 
-	t.Run("static executable", func(t *testing.T) {
-		bin := filepath.Join(t.TempDir(), "static_client")
-		out, err := exec.Command("gcc", "-O2", "-static", "-o", bin, "testdata/static_client.c",
-			"-lssl", "-lcrypto", "-lpthread").CombinedOutput()
-		if err != nil {
-			t.Skipf("building a static OpenSSL client (needs gcc, libssl-dev): %v\n%s", err, out)
+	for _, version := range []string{"1.1", "1.0"} {
+		t.Run("static executable HTTP/"+version, func(t *testing.T) { staticClient(t, k, a, u, version) })
+	}
+}
+
+// staticClient runs testdata/static_client.c, OpenSSL linked statically, with
+// the probes placed on the executable itself.
+func staticClient(t *testing.T, k *kernel, a *Attacher, u *upstream, version string) {
+	bin := filepath.Join(t.TempDir(), "static_client")
+	out, err := exec.Command("gcc", "-O2", "-static", "-o", bin, "testdata/static_client.c",
+		"-lssl", "-lcrypto", "-lpthread").CombinedOutput()
+	if err != nil {
+		t.Skipf("building a static OpenSSL client (needs gcc, libssl-dev): %v\n%s", err, out)
+	}
+	// It waits for a line on stdin, so the probes are in place first.
+	cmd := exec.Command(bin, fmt.Sprint(u.port), u.ca, "2", version)
+	in, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || sc.Text() != "ready" {
+		t.Fatalf("static client did not start: %q", sc.Text())
+	}
+	pid := cmd.Process.Pid
+	k.target(t, pid)
+	if err := a.Add(pid); err != nil {
+		t.Fatal(err)
+	}
+	libs := a.Libraries(pid)
+	if len(libs) != 1 || !libs[0].Static {
+		t.Fatalf("static OpenSSL not attached: %+v", libs)
+	}
+	t.Logf("static sites: read %s (emulated %v), write %s (emulated %v)", libs[0].Sites.Read.Symbol,
+		libs[0].Sites.Read.Cheap, libs[0].Sites.Write.Symbol, libs[0].Sites.Write.Cheap)
+	fmt.Fprintln(in, "go")
+	for sc.Scan() {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("static client: %v", err)
+	}
+	a.Remove(pid)
+	evs := k.take(pid)
+	checkExchanges(t, evs, u, 2, "/v1/chat/completions", true)
+	for _, e := range evs {
+		if version == "1.0" && e.ev.Kind == testbpf.EvResponse && e.ev.Flags&testbpf.FlagEndByClose == 0 {
+			t.Errorf("HTTP/1.0 response not ended by SSL_free: flags %#x", e.ev.Flags)
 		}
-		// It waits for a line on stdin, so the probes are in place first.
-		cmd := exec.Command(bin, fmt.Sprint(u.port), u.ca, "2")
-		in, _ := cmd.StdinPipe()
-		stdout, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(stdout)
-		if !sc.Scan() || sc.Text() != "ready" {
-			t.Fatalf("static client did not start: %q", sc.Text())
-		}
-		pid := cmd.Process.Pid
-		k.target(t, pid)
-		if err := a.Add(pid); err != nil {
-			t.Fatal(err)
-		}
-		libs := a.Libraries(pid)
-		if len(libs) != 1 || !libs[0].Static {
-			t.Fatalf("static OpenSSL not attached: %+v", libs)
-		}
-		t.Logf("static sites: read %s (emulated %v), write %s (emulated %v)", libs[0].Sites.Read.Symbol,
-			libs[0].Sites.Read.Cheap, libs[0].Sites.Write.Symbol, libs[0].Sites.Write.Cheap)
-		fmt.Fprintln(in, "go")
-		for sc.Scan() {
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("static client: %v", err)
-		}
-		a.Remove(pid)
-		checkExchanges(t, k.take(pid), u, 2, "/v1/chat/completions", true)
-	})
+	}
 }

@@ -61,6 +61,13 @@ type pytestGtConn struct {
 		Pad    uint16
 	}
 	LastRespCtx uint64
+	PartialLen  uint8
+	PartialDir  uint8
+	Partial     [14]uint8
+	CarryLen    uint8
+	CarryDir    uint8
+	Pad3        [6]uint8
+	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
 	TlsFd       int32
@@ -203,7 +210,10 @@ type pytestGtScratch struct {
 		Cl        int64
 		HostAt    uint32
 		TpAt      uint32
+		NlCount   uint32
+		LastNl    uint32
 	}
+	Nl    [64]uint16
 	Loops struct {
 		_        structs.HostLayout
 		ProcOff  uint32
@@ -213,11 +223,15 @@ type pytestGtScratch struct {
 		Cnl      int32
 		Cdigits  uint8
 		Cext     uint8
-		Pad      [2]uint8
+		ChunkErr uint8
+		Steps    uint8
 		Line     [16]uint8
 	}
-	RouteKey pytestGtRouteKey
-	Conn     pytestGtConn
+	RouteKey  pytestGtRouteKey
+	Peek      [32]uint8
+	PeekFlags uint32
+	PadPeek   uint32
+	Conn      pytestGtConn
 }
 
 type pytestGtTarget struct {
@@ -270,6 +284,8 @@ const (
 	pytestProgPytestSendto     = "pytest_sendto"
 	pytestProgPytestWrite      = "pytest_write"
 	pytestVarGtNextConnId      = "gt_next_conn_id"
+	pytestVarGtProfSkip        = "gt_prof_skip"
+	pytestVarGtWakeupBytes     = "gt_wakeup_bytes"
 	pytestVarPytestSink        = "pytest_sink"
 	pytestVarUnusedPyLink      = "unused_py_link"
 	pytestVarUnusedPyParams    = "unused_py_params"
@@ -356,6 +372,8 @@ type pytestMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type pytestVariableSpecs struct {
 	GtNextConnId      *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip        *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtWakeupBytes     *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 	PytestSink        *ebpf.VariableSpec `ebpf:"pytest_sink"`
 	UnusedPyLink      *ebpf.VariableSpec `ebpf:"unused_py_link"`
 	UnusedPyParams    *ebpf.VariableSpec `ebpf:"unused_py_params"`
@@ -428,6 +446,8 @@ func (m *pytestMaps) Close() error {
 // It can be passed to loadPytestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pytestVariables struct {
 	GtNextConnId      *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip        *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtWakeupBytes     *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 	PytestSink        *ebpf.Variable `ebpf:"pytest_sink"`
 	UnusedPyLink      *ebpf.Variable `ebpf:"unused_py_link"`
 	UnusedPyParams    *ebpf.Variable `ebpf:"unused_py_params"`

@@ -60,10 +60,18 @@ type tlstestGtConn struct {
 		Family uint16
 		Pad    uint16
 	}
-	RespStatus uint16
-	RespFlags  uint16
-	TlsFd      int32
-	Req        struct {
+	LastRespCtx uint64
+	PartialLen  uint8
+	PartialDir  uint8
+	Partial     [14]uint8
+	CarryLen    uint8
+	CarryDir    uint8
+	Pad3        [6]uint8
+	Carry       [96]uint8
+	RespStatus  uint16
+	RespFlags   uint16
+	TlsFd       int32
+	Req         struct {
 		_         structs.HostLayout
 		Kind      uint8
 		Side      uint8
@@ -83,7 +91,9 @@ type tlstestGtConn struct {
 		Groups    uint64
 		BodyLen   uint64
 		PyCtx     uint64
-		PyCtxPrev uint64
+		PyRoot    uint64
+		CauseConn uint64
+		CauseSeq  uint64
 		Tuple     struct {
 			_      structs.HostLayout
 			Laddr  [16]uint8
@@ -129,6 +139,7 @@ const (
 	tlstestGtEventFlagGT_F_HDR_TRUNCATED  tlstestGtEventFlag = 512
 	tlstestGtEventFlagGT_F_BODY_UNKNOWN   tlstestGtEventFlag = 1024
 	tlstestGtEventFlagGT_F_TLS            tlstestGtEventFlag = 2048
+	tlstestGtEventFlagGT_F_INJECTED       tlstestGtEventFlag = 4096
 )
 
 type tlstestGtEventKind uint32
@@ -143,6 +154,52 @@ const (
 	tlstestGtEventKindGT_EV_SANDBOX_START tlstestGtEventKind = 7
 	tlstestGtEventKindGT_EV_SANDBOX_END   tlstestGtEventKind = 8
 )
+
+type tlstestGtPyLink struct {
+	_       structs.HostLayout
+	Parent  uint64
+	Root    uint64
+	BornNs  uint64
+	Tid     uint32
+	Gen     uint16
+	Pad     uint16
+	ReqConn uint64
+	ReqSeq  uint64
+}
+
+type tlstestGtPyParams struct {
+	_                 structs.HostLayout
+	Runtime           uint64
+	ContextType       uint64
+	PidnsDev          uint64
+	PidnsIno          uint64
+	Version           uint32
+	RuntimeInterpHead uint16
+	InterpNext        uint16
+	InterpThreadsHead uint16
+	TstateNext        uint16
+	TstateNativeTid   uint16
+	TstateContext     uint16
+	CtxPrev           uint16
+	ObType            uint16
+	Pad               [2]uint16
+}
+
+type tlstestGtPySpawner struct {
+	_      structs.HostLayout
+	Id     uint64
+	ConnId uint64
+	Tgid   uint32
+	Fd     int32
+}
+
+type tlstestGtPyThread struct {
+	_       structs.HostLayout
+	Tstate  uint64
+	RetryNs uint64
+	Tgid    uint32
+	Pad     uint32
+}
 
 type tlstestGtRouteKey struct {
 	_      structs.HostLayout
@@ -168,7 +225,10 @@ type tlstestGtScratch struct {
 		Cl        int64
 		HostAt    uint32
 		TpAt      uint32
+		NlCount   uint32
+		LastNl    uint32
 	}
+	Nl    [64]uint16
 	Loops struct {
 		_        structs.HostLayout
 		ProcOff  uint32
@@ -178,11 +238,15 @@ type tlstestGtScratch struct {
 		Cnl      int32
 		Cdigits  uint8
 		Cext     uint8
-		Pad      [2]uint8
+		ChunkErr uint8
+		Steps    uint8
 		Line     [16]uint8
 	}
-	RouteKey tlstestGtRouteKey
-	Conn     tlstestGtConn
+	RouteKey  tlstestGtRouteKey
+	Peek      [32]uint8
+	PeekFlags uint32
+	PadPeek   uint32
+	Conn      tlstestGtConn
 }
 
 type tlstestGtStat uint32
@@ -255,7 +319,9 @@ type tlstestHttpEvent struct {
 	Groups    uint64
 	BodyLen   uint64
 	PyCtx     uint64
-	PyCtxPrev uint64
+	PyRoot    uint64
+	CauseConn uint64
+	CauseSeq  uint64
 	Tuple     struct {
 		_      structs.HostLayout
 		Laddr  [16]uint8
@@ -286,6 +352,11 @@ const (
 	tlstestMapGtConfig            = "gt_config"
 	tlstestMapGtConns             = "gt_conns"
 	tlstestMapGtEvents            = "gt_events"
+	tlstestMapGtPyLinks           = "gt_py_links"
+	tlstestMapGtPyProcs           = "gt_py_procs"
+	tlstestMapGtPySpawners        = "gt_py_spawners"
+	tlstestMapGtPyStats           = "gt_py_stats"
+	tlstestMapGtPyThreads         = "gt_py_threads"
 	tlstestMapGtRoutes            = "gt_routes"
 	tlstestMapGtScratch           = "gt_scratch"
 	tlstestMapGtStats             = "gt_stats"
@@ -314,6 +385,8 @@ const (
 	tlstestVarGtContractStat      = "gt_contract_stat"
 	tlstestVarGtContractTarget    = "gt_contract_target"
 	tlstestVarGtNextConnId        = "gt_next_conn_id"
+	tlstestVarGtProfSkip          = "gt_prof_skip"
+	tlstestVarGtWakeupBytes       = "gt_wakeup_bytes"
 )
 
 // loadTlstest returns the embedded CollectionSpec for tlstest.
@@ -380,6 +453,11 @@ type tlstestMapSpecs struct {
 	GtConfig     *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
+	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
+	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPySpawners *ebpf.MapSpec `ebpf:"gt_py_spawners"`
+	GtPyStats    *ebpf.MapSpec `ebpf:"gt_py_stats"`
+	GtPyThreads  *ebpf.MapSpec `ebpf:"gt_py_threads"`
 	GtRoutes     *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtScratch    *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStats      *ebpf.MapSpec `ebpf:"gt_stats"`
@@ -401,6 +479,8 @@ type tlstestVariableSpecs struct {
 	GtContractStat      *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
 	GtContractTarget    *ebpf.VariableSpec `ebpf:"gt_contract_target"`
 	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
 // tlstestObjects contains all objects after they have been loaded into the kernel.
@@ -426,6 +506,11 @@ type tlstestMaps struct {
 	GtConfig     *ebpf.Map `ebpf:"gt_config"`
 	GtConns      *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents     *ebpf.Map `ebpf:"gt_events"`
+	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
+	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPySpawners *ebpf.Map `ebpf:"gt_py_spawners"`
+	GtPyStats    *ebpf.Map `ebpf:"gt_py_stats"`
+	GtPyThreads  *ebpf.Map `ebpf:"gt_py_threads"`
 	GtRoutes     *ebpf.Map `ebpf:"gt_routes"`
 	GtScratch    *ebpf.Map `ebpf:"gt_scratch"`
 	GtStats      *ebpf.Map `ebpf:"gt_stats"`
@@ -441,6 +526,11 @@ func (m *tlstestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtPyLinks,
+		m.GtPyProcs,
+		m.GtPySpawners,
+		m.GtPyStats,
+		m.GtPyThreads,
 		m.GtRoutes,
 		m.GtScratch,
 		m.GtStats,
@@ -463,6 +553,8 @@ type tlstestVariables struct {
 	GtContractStat      *ebpf.Variable `ebpf:"gt_contract_stat"`
 	GtContractTarget    *ebpf.Variable `ebpf:"gt_contract_target"`
 	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 
 // tlstestPrograms contains all programs after they have been loaded into the kernel.

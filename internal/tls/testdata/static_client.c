@@ -1,5 +1,7 @@
 // A blocking HTTPS client with OpenSSL linked statically, for internal/tls's
-// test of probes on an executable: static_client PORT CAFILE N
+// test of probes on an executable: static_client PORT CAFILE N [HTTPVERSION]
+// (HTTP/1.0: the response body ends when the server closes, so the kernel
+// ends it at SSL_free).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
@@ -14,8 +16,9 @@ static const char body[] = "{\"stream\": true}";
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s PORT CAFILE N\n", argv[0]);
+	const char *version = argc > 4 ? argv[4] : "1.1";
+	if (argc < 4) {
+		fprintf(stderr, "usage: %s PORT CAFILE N [HTTPVERSION]\n", argv[0]);
 		return 2;
 	}
 	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
@@ -46,10 +49,10 @@ int main(int argc, char **argv)
 		}
 		char req[512];
 		int n = snprintf(req, sizeof(req),
-				 "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost:%s\r\n"
+				 "POST /v1/chat/completions HTTP/%s\r\nHost: localhost:%s\r\n"
 				 "Authorization: Bearer TOPSECRET\r\nContent-Type: application/json\r\n"
 				 "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-				 argv[1], strlen(body), body);
+				 version, argv[1], strlen(body), body);
 		if (SSL_write(ssl, req, n) != n) {
 			ERR_print_errors_fp(stderr);
 			return 1;
