@@ -109,6 +109,12 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		return fmt.Errorf("starting the span builder: %w", err)
 	}
 	t.spans = spans.NewPipeline(http.NewAssembler(http.AssemblerOptions{}), b)
+	// On a terminal, a live status line under the trace trees.
+	var status *metrics.StatusLine
+	if f, ok := term.(*os.File); ok && metrics.IsTerminal(f) {
+		status = metrics.NewStatusLine(f, t.statusSnapshot)
+		term = status
+	}
 	exp, err := newExporter(ctx, cfg, term, log)
 	if err != nil {
 		return err
@@ -166,6 +172,13 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask)})
 	if m != nil {
 		m.SetReady()
+	}
+	if status != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status.Run(runCtx, time.Second)
+		}()
 	}
 	if attached != nil {
 		attached(t)
@@ -266,6 +279,20 @@ func (t *tracer) procEvent(w *discover.Watcher, raw []byte) {
 		}
 	}
 	t.submit(t.spans.Builder().ProcEvent(&ev))
+}
+
+// statusSnapshot feeds the terminal status line.
+func (t *tracer) statusSnapshot() metrics.Snapshot {
+	st := t.spans.Builder().Stats()
+	snap := metrics.Snapshot{Targets: t.targetCount(), Spans: map[string]uint64{}}
+	for _, info := range groups.All() {
+		if n := st.Spans[info.Group]; n > 0 {
+			snap.Spans[info.Name] = n
+		}
+	}
+	ex := t.out.Stats()
+	snap.Drops = t.kernelStats()[loader.StatRingbufFull] + ex.Dropped + ex.Failed
+	return snap
 }
 
 func (t *tracer) submit(s []spans.Span) {
