@@ -1,0 +1,291 @@
+//go:build linux
+
+// Package inject attaches the kernel side of traceparent injection
+// (bpf/inject.h) and writes the trace context it reads: which trace an
+// outbound call made by an inbound request's handler belongs to.
+//
+// The kernel parts are three: sys_enter hooks on the write syscalls decide
+// the ids, a sock_ops program on the cgroup v2 root puts targets' outbound
+// TCP sockets into a sockhash, and an sk_msg program on that sockhash inserts
+// the header. Everything is per instance: nothing is pinned, the cgroup
+// attachment is a bpf_link of this process, and the sockhash is this
+// process's own, so several gymtraces on one host do not see each other's
+// state and all of it goes away when the process exits. See
+// docs/injection.md.
+package inject
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Programs are the programs and maps of bpf/inject.h in one loaded object
+// (the committed one via internal/loader, or a test object).
+type Programs struct {
+	SockOps      *ebpf.Program // SEC("sockops") gt_inject_sockops
+	SkMsg        *ebpf.Program // SEC("sk_msg") gt_inject_msg
+	EnterWrite   *ebpf.Program // sys_enter_write
+	EnterSendto  *ebpf.Program // sys_enter_sendto
+	EnterWritev  *ebpf.Program // sys_enter_writev
+	EnterSendmsg *ebpf.Program // sys_enter_sendmsg
+
+	Config    *ebpf.Map // gt_inject_config
+	TraceCtxs *ebpf.Map // gt_trace_ctxs
+	Socks     *ebpf.Map // gt_inject_socks (sockhash)
+	Stats     *ebpf.Map // gt_inject_stats (per-CPU)
+}
+
+// Options configure Attach.
+type Options struct {
+	// CgroupPath is the cgroup v2 directory the sock_ops program is attached
+	// to; its root (preflight.CgroupV2Path) covers every process.
+	CgroupPath string
+	// SampleRatio decides the sampled bit of traces the kernel starts (a
+	// process that never served makes a call): the same trace-id-ratio rule
+	// as the userspace sampler, so both agree on every trace id.
+	SampleRatio float64
+	Log         *slog.Logger
+}
+
+// Kernel counters (enum gt_inject_stat in bpf/common/contract.h).
+const (
+	StatPrepared = iota
+	StatPushed
+	StatInjected
+	StatMiss
+	StatHasTraceparent
+	StatSplit
+	StatUnattributed
+	StatRoot
+	StatNotPushed
+	StatPushFail
+	StatSocks
+	StatSockFail
+	statMax = 16
+)
+
+// StatNames name the counters for metrics and logs, by index.
+var StatNames = [...]string{
+	StatPrepared:       "prepared",
+	StatPushed:         "pushed",
+	StatInjected:       "injected",
+	StatMiss:           "miss",
+	StatHasTraceparent: "has_traceparent",
+	StatSplit:          "split",
+	StatUnattributed:   "unattributed",
+	StatRoot:           "root",
+	StatNotPushed:      "not_pushed",
+	StatPushFail:       "push_fail",
+	StatSocks:          "sockets",
+	StatSockFail:       "socket_fail",
+}
+
+const cfgOn = 1 // GT_INJ_ON
+
+// traceKey and traceCtx mirror struct gt_trace_key and struct gt_trace_ctx.
+type traceKey struct {
+	Conn, Seq uint64
+}
+
+type traceCtx struct {
+	TraceID [16]byte
+	SpanID  [8]byte
+	Flags   uint8
+	_       [7]byte
+}
+
+// config mirrors struct gt_inject_config.
+type config struct {
+	RootBound uint64
+	Flags     uint32
+	_         uint32
+}
+
+// Injector is the attached kernel side. Its methods are safe for concurrent
+// use. A nil *Injector is valid and does nothing, so callers need not care
+// whether injection is on.
+type Injector struct {
+	p       Programs
+	log     *slog.Logger
+	links   []link.Link
+	skmsg   bool
+	pubFail atomic.Uint64
+}
+
+// Attach attaches the programs and turns injection on.
+func Attach(p Programs, o Options) (*Injector, error) {
+	if p.SockOps == nil || p.SkMsg == nil || p.Config == nil || p.TraceCtxs == nil || p.Socks == nil {
+		return nil, errors.New("the BPF object has no traceparent injection programs (rebuild it with ./scripts/gen-bpf)")
+	}
+	if o.CgroupPath == "" {
+		return nil, errors.New("no cgroup v2 mount to attach the socket program to (mount cgroup2, or run with --inject=false)")
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	in := &Injector{p: p, log: log.With("component", "inject")}
+	// The sk_msg program first: a socket is only put in the map once it
+	// is there, and a socket added with no verdict program would take the
+	// sockmap send path for nothing.
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+		Target: p.Socks.FD(), Program: p.SkMsg, Attach: ebpf.AttachSkMsgVerdict,
+	}); err != nil {
+		return nil, fmt.Errorf("attaching the sk_msg program to its sockhash: %w", err)
+	}
+	in.skmsg = true
+	for _, tp := range []struct {
+		name string
+		prog *ebpf.Program
+	}{
+		{"sys_enter_write", p.EnterWrite}, {"sys_enter_sendto", p.EnterSendto},
+		{"sys_enter_writev", p.EnterWritev}, {"sys_enter_sendmsg", p.EnterSendmsg},
+	} {
+		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
+		if err != nil {
+			in.Close()
+			return nil, fmt.Errorf("attaching tracepoint syscalls/%s: %w", tp.name, err)
+		}
+		in.links = append(in.links, l)
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: o.CgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: p.SockOps})
+	if err != nil {
+		in.Close()
+		return nil, fmt.Errorf("attaching the sock_ops program to cgroup %s: %w", o.CgroupPath, err)
+	}
+	in.links = append(in.links, l)
+	if err := in.setConfig(o.SampleRatio, true); err != nil {
+		in.Close()
+		return nil, err
+	}
+	return in, nil
+}
+
+// RootBound is the kernel's sampling threshold for a ratio: a new trace is
+// sampled when (big-endian trace_id[8:16] >> 1) < RootBound, which is
+// OpenTelemetry's TraceIDRatioBased rule.
+func RootBound(ratio float64) uint64 {
+	switch {
+	case ratio >= 1 || math.IsNaN(ratio):
+		return 1 << 63
+	case ratio <= 0:
+		return 0
+	}
+	return uint64(ratio * (1 << 63))
+}
+
+func (in *Injector) setConfig(ratio float64, on bool) error {
+	c := config{RootBound: RootBound(ratio)}
+	if on {
+		c.Flags = cfgOn
+	}
+	if err := in.p.Config.Put(uint32(0), &c); err != nil {
+		return fmt.Errorf("writing the injection config: %w", err)
+	}
+	return nil
+}
+
+// SetSampleRatio changes the sampled bit rule of traces the kernel starts.
+func (in *Injector) SetSampleRatio(ratio float64) error {
+	if in == nil {
+		return nil
+	}
+	return in.setConfig(ratio, true)
+}
+
+// Publish tells the kernel the trace of inbound request (conn, seq): an
+// outbound call its handler makes carries traceparent
+// 00-<tid>-<new span id>-<sampled>. parent is the span that call's CLIENT
+// span hangs under (kept for userspace diagnostics). conn 0 with seq = pid
+// names the process's gym.job instead (PublishJob).
+func (in *Injector) Publish(conn, seq uint64, tid trace.TraceID, parent trace.SpanID, sampled bool) {
+	if in == nil || !tid.IsValid() {
+		return
+	}
+	v := traceCtx{TraceID: tid, SpanID: parent}
+	if sampled {
+		v.Flags = 1
+	}
+	if err := in.p.TraceCtxs.Put(traceKey{conn, seq}, &v); err != nil {
+		// An LRU map only fails on a kernel error; the call then simply
+		// goes without a header. Say so once in a while, not per request.
+		if n := in.pubFail.Add(1); n&(n-1) == 0 {
+			in.log.Warn("cannot publish a trace context to the kernel; outbound calls go without traceparent",
+				"failures", n, "err", err)
+		}
+	}
+}
+
+// Unpublish forgets (conn, seq): its exchange is over.
+func (in *Injector) Unpublish(conn, seq uint64) {
+	if in == nil {
+		return
+	}
+	_ = in.p.TraceCtxs.Delete(traceKey{conn, seq}) // LRU: a missing key is fine
+}
+
+// PublishJob publishes a process's gym.job: its calls no inbound request
+// caused join that trace.
+func (in *Injector) PublishJob(pid uint32, tid trace.TraceID, job trace.SpanID, sampled bool) {
+	in.Publish(0, uint64(pid), tid, job, sampled)
+}
+
+// UnpublishJob forgets a process's gym.job.
+func (in *Injector) UnpublishJob(pid uint32) { in.Unpublish(0, uint64(pid)) }
+
+// Stats sums the kernel counters; index with the Stat* constants.
+func (in *Injector) Stats() ([]uint64, error) {
+	out := make([]uint64, statMax)
+	if in == nil || in.p.Stats == nil {
+		return out, nil
+	}
+	var per []uint64
+	for i := uint32(0); i < statMax; i++ {
+		if err := in.p.Stats.Lookup(i, &per); err != nil {
+			return nil, fmt.Errorf("reading injection counters: %w", err)
+		}
+		for _, v := range per {
+			out[i] += v
+		}
+	}
+	return out, nil
+}
+
+// PublishFailures counts trace contexts the kernel map refused.
+func (in *Injector) PublishFailures() uint64 {
+	if in == nil {
+		return 0
+	}
+	return in.pubFail.Load()
+}
+
+// Close turns injection off and detaches everything. Sockets already in the
+// sockhash keep passing through the (now idle) sk_msg program until the map
+// is freed with the object.
+func (in *Injector) Close() error {
+	if in == nil {
+		return nil
+	}
+	var errs []error
+	if in.p.Config != nil {
+		errs = append(errs, in.setConfig(0, false))
+	}
+	for i := len(in.links) - 1; i >= 0; i-- {
+		errs = append(errs, in.links[i].Close())
+	}
+	in.links = nil
+	if in.skmsg {
+		errs = append(errs, link.RawDetachProgram(link.RawDetachProgramOptions{
+			Target: in.p.Socks.FD(), Program: in.p.SkMsg, Attach: ebpf.AttachSkMsgVerdict,
+		}))
+		in.skmsg = false
+	}
+	return errors.Join(errs...)
+}

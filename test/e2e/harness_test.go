@@ -1,0 +1,628 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The interpreter with Debian's fastapi, uvicorn and aiohttp (the python3 on
+// PATH may be a pyenv without them).
+const python = "/usr/bin/python3"
+
+// Set by TestMain.
+var (
+	repoRoot    string
+	binDir      string
+	gymtraceBin string
+	sinkBin     string
+	buildErr    error
+	rootReason  string // why tests that load BPF skip; "" when they can run
+	stackReason string // why tests on the Python stack skip
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		// This binary re-executed as a traced HTTP server or client.
+		os.Exit(runChild(mode))
+	}
+	code := func() int {
+		var err error
+		repoRoot, err = filepath.Abs(filepath.Join("..", ".."))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: finding the repository root: %v\n", err)
+			return 1
+		}
+		rootReason, stackReason = checkEnv()
+		if rootReason == "" {
+			binDir, err = os.MkdirTemp("", "gymtrace-e2e-bin-")
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+				return 1
+			}
+			defer os.RemoveAll(binDir)
+			buildErr = buildBinaries()
+		}
+		defer runSharedCleanups()
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// checkEnv says why tests cannot run here: BPF needs root, the stack needs
+// /usr/bin/python3 with fastapi, uvicorn and aiohttp.
+func checkEnv() (root, stack string) {
+	if os.Geteuid() != 0 {
+		root = "needs root: gymtrace loads BPF programs and reads other processes' /proc; run `sudo go test ./test/e2e/`"
+		return root, root
+	}
+	if _, err := os.Stat(python); err != nil {
+		return "", fmt.Sprintf("needs %s (Debian's python3) with fastapi, uvicorn and aiohttp: %v", python, err)
+	}
+	out, err := exec.Command(python, "-c", "import fastapi, uvicorn, aiohttp").CombinedOutput()
+	if err != nil {
+		return "", fmt.Sprintf("needs %s with fastapi, uvicorn and aiohttp (apt-get install python3-fastapi python3-uvicorn python3-aiohttp): %v: %s",
+			python, err, bytes.TrimSpace(out))
+	}
+	return "", ""
+}
+
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	if p := filepath.Join(os.Getenv("GOROOT"), "bin", "go"); os.Getenv("GOROOT") != "" {
+		return p
+	}
+	return "/usr/local/go/bin/go"
+}
+
+// buildBinaries builds gymtrace and the OTLP sink (its own module) once for
+// the whole test binary, in parallel.
+func buildBinaries() error {
+	gymtraceBin = filepath.Join(binDir, "gymtrace")
+	sinkBin = filepath.Join(binDir, "otlpsink")
+	jobs := []struct {
+		dir, out, pkg string
+	}{
+		{repoRoot, gymtraceBin, "./cmd/gymtrace"},
+		{filepath.Join(repoRoot, "test", "otlpsink"), sinkBin, "."},
+	}
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command(goTool(), "build", "-o", j.out, j.pkg)
+			cmd.Dir = j.dir
+			if out, err := cmd.CombinedOutput(); err != nil {
+				errs[i] = fmt.Errorf("building %s in %s: %v\n%s", j.pkg, j.dir, err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func needRoot(t testing.TB) {
+	t.Helper()
+	if rootReason != "" {
+		t.Skip(rootReason)
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+}
+
+func needStack(t testing.TB) {
+	t.Helper()
+	needRoot(t)
+	if stackReason != "" {
+		t.Skip(stackReason)
+	}
+}
+
+// --- processes ---------------------------------------------------------------
+
+// owner receives a process's cleanup: a test (t.Cleanup), or the shared list
+// run by TestMain for resources several tests use.
+type owner interface{ Cleanup(func()) }
+
+type sharedOwner struct{}
+
+var (
+	sharedMu       sync.Mutex
+	sharedCleanups []func()
+)
+
+func (sharedOwner) Cleanup(f func()) {
+	sharedMu.Lock()
+	sharedCleanups = append(sharedCleanups, f)
+	sharedMu.Unlock()
+}
+
+func runSharedCleanups() {
+	sharedMu.Lock()
+	fs := sharedCleanups
+	sharedCleanups = nil
+	sharedMu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
+// syncBuf is an output buffer written by a copying goroutine and read by the
+// test.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// proc is a child process in its own process group, so that stopping it also
+// stops whatever it started (the stack's servers, the collector).
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *syncBuf
+	stderr *syncBuf
+	done   chan struct{}
+	err    error // Wait's result, once done is closed
+}
+
+type procOpts struct {
+	dir string
+	env []string // added to the test's environment
+}
+
+func startProc(t testing.TB, own owner, name string, argv []string, o procOpts) *proc {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = o.dir
+	cmd.Env = append(os.Environ(), o.env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p := &proc{name: name, cmd: cmd, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	p.stdin = stdin
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s (%s): %v", name, strings.Join(argv, " "), err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	own.Cleanup(func() {
+		p.stop(5 * time.Second)
+		if tt, ok := own.(testing.TB); ok && tt.Failed() {
+			tt.Logf("--- %s (pid %d) stderr, last 4 KiB:\n%s", name, p.pid(), tail(p.stderr.String(), 4096))
+		}
+	})
+	return p
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM to the process group, then SIGKILL after grace, and
+// always a final SIGKILL to the group so no grandchild outlives the test.
+func (p *proc) stop(grace time.Duration) {
+	pg := p.pid()
+	if !p.exited() {
+		syscall.Kill(-pg, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(grace):
+		}
+	}
+	syscall.Kill(-pg, syscall.SIGKILL)
+	p.stdin.Close()
+	<-p.done
+}
+
+// waitOutput waits until the process's stdout (or stderr) contains substr and
+// returns the line holding it. It fails the test if the process exits first.
+func (p *proc) waitOutput(t testing.TB, stderr bool, substr string, timeout time.Duration) string {
+	t.Helper()
+	buf := p.stdout
+	if stderr {
+		buf = p.stderr
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		s := buf.String()
+		if i := strings.Index(s, substr); i >= 0 {
+			start := strings.LastIndexByte(s[:i], '\n') + 1
+			end := strings.IndexByte(s[i:], '\n')
+			if end < 0 {
+				end = len(s) - i
+			}
+			return s[start : i+end]
+		}
+		if p.exited() {
+			t.Fatalf("%s exited (%v) before printing %q; stderr:\n%s", p.name, p.err, substr, tail(p.stderr.String(), 4096))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s printed no %q within %v; stdout:\n%s\nstderr:\n%s", p.name, substr, timeout,
+				tail(p.stdout.String(), 2048), tail(p.stderr.String(), 4096))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// firstLine waits for the first complete stdout line.
+func (p *proc) firstLine(t testing.TB, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		s := p.stdout.String()
+		if i := strings.IndexByte(s, '\n'); i >= 0 {
+			return s[:i]
+		}
+		if p.exited() {
+			t.Fatalf("%s exited (%v) before printing a line; stderr:\n%s", p.name, p.err, tail(p.stderr.String(), 4096))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s printed no line within %v; stderr:\n%s", p.name, timeout, tail(p.stderr.String(), 4096))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// --- gymtrace ----------------------------------------------------------------
+
+type gymtrace struct {
+	*proc
+	metricsAddr string
+}
+
+type gtOpts struct {
+	pids   []int
+	groups string
+	otlp   string // OTLP endpoint; "" with jsonl set
+	jsonl  string // --exporter jsonl --output FILE
+	extra  []string
+}
+
+// startGymtrace runs gymtrace on the given pids and waits for its
+// "gymtrace: attached" line.
+func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
+	t.Helper()
+	var pids []string
+	for _, p := range o.pids {
+		pids = append(pids, strconv.Itoa(p))
+	}
+	g := &gymtrace{metricsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	argv := []string{gymtraceBin, "--pid", strings.Join(pids, ","), "--span-groups", o.groups, "--metrics-addr", g.metricsAddr}
+	switch {
+	case o.otlp != "":
+		argv = append(argv, "--otlp-endpoint", o.otlp)
+	case o.jsonl != "":
+		argv = append(argv, "--exporter", "jsonl", "--output", o.jsonl)
+	}
+	argv = append(argv, o.extra...)
+	// The environment must not point the exporter elsewhere.
+	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}
+	g.proc = startProc(t, t, "gymtrace", argv, procOpts{env: env})
+	g.waitOutput(t, true, "gymtrace: attached", 60*time.Second)
+	return g
+}
+
+// metrics scrapes /metrics: "name{labels}" -> value.
+func (g *gymtrace) metrics(t testing.TB) map[string]float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + g.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping gymtrace's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// groupCounters picks one per-group family out of a scrape: group -> value.
+func groupCounters(m map[string]float64, family string) map[string]float64 {
+	out := map[string]float64{}
+	prefix := family + `{group="`
+	for k, v := range m {
+		if strings.HasPrefix(k, prefix) {
+			out[strings.TrimSuffix(k[len(prefix):], `"}`)] = v
+		}
+	}
+	return out
+}
+
+func sumValues(m map[string]float64) float64 {
+	var s float64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// settle waits until gymtrace has built at least want spans (when want > 0)
+// and the count has not moved for 400 ms, so that SIGTERM loses nothing that
+// is still in the ring buffer.
+func (g *gymtrace) settle(t testing.TB, want int) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	last, lastChange := -1.0, time.Now()
+	for {
+		m := g.metrics(t)
+		built := sumValues(groupCounters(m, "gymtrace_spans_built_total"))
+		if built != last {
+			last, lastChange = built, time.Now()
+		}
+		if built >= float64(want) && time.Since(lastChange) >= 400*time.Millisecond {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("gymtrace built %v spans, want at least %d (gave up waiting after 20 s)", built, want)
+			return m
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// shutdown sends SIGTERM and requires a clean exit with a "gymtrace: detached"
+// line within 15 s.
+func (g *gymtrace) shutdown(t testing.TB) {
+	t.Helper()
+	if g.exited() {
+		t.Fatalf("gymtrace exited before the test stopped it (%v); stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+	}
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("gymtrace did not exit within 15 s of SIGTERM; stderr:\n%s", tail(g.stderr.String(), 4096))
+	}
+	if g.err != nil {
+		t.Errorf("gymtrace exited with %v after SIGTERM; stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+	}
+	if !strings.Contains(g.stderr.String(), "gymtrace: detached") {
+		t.Errorf("gymtrace logged no \"gymtrace: detached\" line; stderr:\n%s", tail(g.stderr.String(), 4096))
+	}
+}
+
+// --- OTLP sink ---------------------------------------------------------------
+
+type sink struct {
+	*proc
+	addr string
+	out  string
+}
+
+func startSink(t testing.TB) *sink {
+	t.Helper()
+	s := &sink{out: filepath.Join(t.TempDir(), "otlp-spans.jsonl")}
+	s.proc = startProc(t, t, "otlpsink", []string{sinkBin, "--out", s.out, "--listen", "127.0.0.1:0"}, procOpts{})
+	line := s.waitOutput(t, false, "listening ", 30*time.Second)
+	s.addr = strings.TrimSpace(strings.TrimPrefix(line, "listening "))
+	return s
+}
+
+func (s *sink) endpoint() string { return "http://" + s.addr }
+
+// --- spans -------------------------------------------------------------------
+
+// Span is one exported span, as the OTLP sink and gymtrace's jsonl exporter
+// both write it.
+type Span struct {
+	Name       string         `json:"name"`
+	Kind       string         `json:"kind"`
+	TraceID    string         `json:"trace_id"`
+	SpanID     string         `json:"span_id"`
+	Parent     string         `json:"parent_span_id"`
+	Start      uint64         `json:"start_time_unix_nano"`
+	End        uint64         `json:"end_time_unix_nano"`
+	Attributes map[string]any `json:"attributes"`
+	Resource   map[string]any `json:"resource"`
+	Status     struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"status"`
+}
+
+func (s Span) Attr(k string) string { return anyString(s.Attributes[k]) }
+func (s Span) Res(k string) string  { return anyString(s.Resource[k]) }
+func (s Span) AttrInt(k string) int { return anyInt(s.Attributes[k]) }
+func (s Span) PID() int             { return anyInt(s.Resource["process.pid"]) }
+
+func (s Span) Duration() time.Duration { return time.Duration(int64(s.End) - int64(s.Start)) }
+
+// Path is url.path for a SERVER span and the path of url.full for a CLIENT one.
+func (s Span) Path() string {
+	if p := s.Attr("url.path"); p != "" {
+		return p
+	}
+	u := s.Attr("url.full")
+	if i := strings.Index(u, "://"); i >= 0 {
+		u = u[i+3:]
+		if j := strings.IndexByte(u, '/'); j >= 0 {
+			return u[j:]
+		}
+		return "/"
+	}
+	return ""
+}
+
+func (s Span) String() string {
+	return fmt.Sprintf("%s %q pid=%d path=%s status=%s/%d span=%s parent=%s trace=%s",
+		s.Kind, s.Name, s.PID(), s.Path(), s.Status.Code, s.AttrInt("http.response.status_code"), s.SpanID, s.Parent, s.TraceID)
+}
+
+func anyString(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return x
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	default:
+		return fmt.Sprint(x)
+	}
+}
+
+func anyInt(v any) int {
+	switch x := v.(type) {
+	case float64:
+		return int(x)
+	case string:
+		n, _ := strconv.Atoi(x)
+		return n
+	}
+	return 0
+}
+
+func readSpans(t testing.TB, path string) []Span {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []Span
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var s Span
+		if err := json.Unmarshal(line, &s); err != nil {
+			t.Fatalf("%s line %d is not a JSON span: %v: %s", path, i+1, err, tail(string(line), 300))
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+type spanSet struct {
+	all  []Span
+	byID map[string]Span
+}
+
+func newSpanSet(spans []Span) *spanSet {
+	s := &spanSet{all: spans, byID: map[string]Span{}}
+	for _, sp := range spans {
+		s.byID[sp.SpanID] = sp
+	}
+	return s
+}
+
+func (s *spanSet) filter(f func(Span) bool) []Span {
+	var out []Span
+	for _, sp := range s.all {
+		if f(sp) {
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+func (s *spanSet) parent(sp Span) (Span, bool) {
+	p, ok := s.byID[sp.Parent]
+	return p, ok
+}
+
+func (s *spanSet) dump(t testing.TB) {
+	t.Helper()
+	lines := make([]string, 0, len(s.all))
+	for _, sp := range s.all {
+		lines = append(lines, sp.String())
+	}
+	sort.Strings(lines)
+	t.Logf("%d spans:\n%s", len(lines), strings.Join(lines, "\n"))
+}
+
+// countBy counts spans by a key.
+func countBy(spans []Span, key func(Span) string) map[string]int {
+	out := map[string]int{}
+	for _, s := range spans {
+		out[key(s)]++
+	}
+	return out
+}
+
+func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
