@@ -174,6 +174,10 @@ static __always_inline __u8 gt_sandbox_verb(__u8 provider)
 			skip_value = 0;
 			continue;
 		}
+		// A path: a script's interpreter runs it as argv[1] (#! rewrites
+		// argv to interpreter, script, arguments). Verbs never start so.
+		if (w[0] == '/' || w[0] == '.')
+			continue;
 		if (w[0] == '-') {
 			// Global options that take a separate value.
 			if (!__builtin_memcmp(w, "--context\0", 10) || !__builtin_memcmp(w, "-c\0", 3) ||

@@ -9,7 +9,7 @@ set -euo pipefail
 
 root="${GYMTRACE_TRIXIE_ROOT:-/var/tmp/gymtrace-trixie}"
 mirror="${GYMTRACE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-pkgs="python3.13,python3-fastapi,python3-uvicorn,python3-aiohttp,python3-httptools,python3-uvloop"
+pkgs="python3.13,python3-fastapi,python3-uvicorn,python3-aiohttp,python3-httptools,python3-uvloop,python3-yaml,python3-itsdangerous"
 marker="$root/.gymtrace-ready"
 
 if [[ -f "$marker" && "$(cat "$marker")" == "$pkgs" && -x "$root/usr/bin/python3.13" ]]; then
