@@ -420,10 +420,21 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 }
 
 // Is injection on? (The parser wakes the reader for inbound requests then.)
-static __always_inline int gt_inject_wake(void)
+// Processes that own at least one socket injection can write to. Only their
+// inbound requests are worth a reader wakeup (a wakeup costs the traced
+// syscall ~13 us; see gt_submit): a process whose outbound connections all
+// predate gymtrace never gets a header, so its records can wait for the poll.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} gt_inject_procs SEC(".maps");
+
+static __always_inline int gt_inject_wake(__u32 tgid)
 {
 	struct gt_inject_config *icfg = gt_inj_cfg();
-	return icfg && (icfg->flags & GT_INJ_ON);
+	return icfg && (icfg->flags & GT_INJ_ON) && bpf_map_lookup_elem(&gt_inject_procs, &tgid);
 }
 
 static __always_inline int gt_unhex(__u8 c)
@@ -534,8 +545,12 @@ int gt_inject_sockops(struct bpf_sock_ops *skops)
 	}
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB: {
 		cookie = bpf_get_socket_cookie(skops);
-		if (!bpf_map_lookup_elem(&gt_inject_pending, &cookie))
+		__u32 *owner = bpf_map_lookup_elem(&gt_inject_pending, &cookie);
+		if (!owner)
 			return 1;
+		__u32 otgid = *owner;
+		__u8 one = 1;
+		bpf_map_update_elem(&gt_inject_procs, &otgid, &one, BPF_ANY);
 		bpf_map_delete_elem(&gt_inject_pending, &cookie);
 		// Fails with EBUSY when another gymtrace already holds the socket
 		// (both trace the process): that one injects.

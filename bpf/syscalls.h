@@ -58,7 +58,7 @@ struct gt_msghdr {
 // past the limit).
 __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io);
 __noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io);
-static __always_inline int gt_inject_wake(void);
+static __always_inline int gt_inject_wake(__u32 tgid);
 #endif
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
@@ -93,7 +93,7 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	// Injection: userspace must see an inbound request before its handler's
 	// first call to publish its trace (bpf/inject.h); don't let it wait for
 	// the next poll. A request that carried traceparent needs no wait.
-	if (c->side == GT_SIDE_SERVER && !(e->flags & GT_F_TRACEPARENT) && gt_inject_wake()) {
+	if (c->side == GT_SIDE_SERVER && !(e->flags & GT_F_TRACEPARENT) && gt_inject_wake(io->tgid)) {
 		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	} else
 #endif

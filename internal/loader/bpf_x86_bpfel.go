@@ -523,6 +523,7 @@ const (
 	bpfMapGtForkCauses          = "gt_fork_causes"
 	bpfMapGtInjectConfig        = "gt_inject_config"
 	bpfMapGtInjectPending       = "gt_inject_pending"
+	bpfMapGtInjectProcs         = "gt_inject_procs"
 	bpfMapGtInjectRecs          = "gt_inject_recs"
 	bpfMapGtInjectScan          = "gt_inject_scan"
 	bpfMapGtInjectServing       = "gt_inject_serving"
@@ -663,6 +664,7 @@ type bpfMapSpecs struct {
 	GtForkCauses    *ebpf.MapSpec `ebpf:"gt_fork_causes"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
+	GtInjectProcs   *ebpf.MapSpec `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.MapSpec `ebpf:"gt_inject_recs"`
 	GtInjectScan    *ebpf.MapSpec `ebpf:"gt_inject_scan"`
 	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
@@ -735,6 +737,7 @@ type bpfMaps struct {
 	GtForkCauses    *ebpf.Map `ebpf:"gt_fork_causes"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
+	GtInjectProcs   *ebpf.Map `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.Map `ebpf:"gt_inject_recs"`
 	GtInjectScan    *ebpf.Map `ebpf:"gt_inject_scan"`
 	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
@@ -765,6 +768,7 @@ func (m *bpfMaps) Close() error {
 		m.GtForkCauses,
 		m.GtInjectConfig,
 		m.GtInjectPending,
+		m.GtInjectProcs,
 		m.GtInjectRecs,
 		m.GtInjectScan,
 		m.GtInjectServing,

@@ -414,6 +414,7 @@ const (
 	injtestMapGtEvents              = "gt_events"
 	injtestMapGtInjectConfig        = "gt_inject_config"
 	injtestMapGtInjectPending       = "gt_inject_pending"
+	injtestMapGtInjectProcs         = "gt_inject_procs"
 	injtestMapGtInjectRecs          = "gt_inject_recs"
 	injtestMapGtInjectScan          = "gt_inject_scan"
 	injtestMapGtInjectServing       = "gt_inject_serving"
@@ -528,6 +529,7 @@ type injtestMapSpecs struct {
 	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
+	GtInjectProcs   *ebpf.MapSpec `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.MapSpec `ebpf:"gt_inject_recs"`
 	GtInjectScan    *ebpf.MapSpec `ebpf:"gt_inject_scan"`
 	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
@@ -590,6 +592,7 @@ type injtestMaps struct {
 	GtEvents        *ebpf.Map `ebpf:"gt_events"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
+	GtInjectProcs   *ebpf.Map `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.Map `ebpf:"gt_inject_recs"`
 	GtInjectScan    *ebpf.Map `ebpf:"gt_inject_scan"`
 	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
@@ -617,6 +620,7 @@ func (m *injtestMaps) Close() error {
 		m.GtEvents,
 		m.GtInjectConfig,
 		m.GtInjectPending,
+		m.GtInjectProcs,
 		m.GtInjectRecs,
 		m.GtInjectScan,
 		m.GtInjectServing,
