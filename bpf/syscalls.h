@@ -80,6 +80,8 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 {
 	if (gt_prof_skip & 2)
 		return;
+	if (c->skip_ring & (1ULL << (c->req.seq & 63)))
+		return; // decided after the gate: not sampled upstream
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
@@ -285,6 +287,14 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	if (d->is_req && sc->scan.tp_found) {
 		bpf_probe_read_kernel(c->req.traceparent, GT_TRACEPARENT_LEN, &sc->buf[sc->scan.tp_at & GT_SCRATCH_MASK]);
 		c->req.flags |= GT_F_TRACEPARENT;
+		// An inbound request its caller did not sample (flags 00): its
+		// spans would be dropped, so nothing of the exchange is copied out.
+		// Framing is still followed so the connection stays in step.
+		if (c->side == GT_SIDE_SERVER && c->req.traceparent[53] == '0' && c->req.traceparent[54] == '0' &&
+		    c->req.traceparent[2] == '-' && (io->mask & GT_GROUP_SERVER)) {
+			c->skip_ring |= 1ULL << (c->req.seq & 63);
+			gt_stat_add(GT_STAT_UNSAMPLED, 1);
+		}
 #ifdef GT_INJECT
 		gt_inject_inbound(c, io);
 #endif

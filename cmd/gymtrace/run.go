@@ -483,6 +483,7 @@ func (t *tracer) metricSources() metrics.Sources {
 				"conn_full":     st[loader.StatConnFull],
 				"resync":        st[loader.StatResync],
 				"skipped_bytes": st[loader.StatSkippedBytes],
+				"unsampled":     st[loader.StatUnsampled],
 				"tls_calls":     st[loader.StatTLSCalls],  // OpenSSL probe runs in targets
 				"tls_events":    st[loader.StatTLSEvents], // records from TLS plaintext
 				"tls_linked":    st[loader.StatTLSLinked], // SSL objects tied to their socket

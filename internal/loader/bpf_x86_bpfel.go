@@ -393,6 +393,7 @@ const (
 	bpfGtStatGT_STAT_TLS_CALLS     bpfGtStat = 40
 	bpfGtStatGT_STAT_TLS_EVENTS    bpfGtStat = 41
 	bpfGtStatGT_STAT_TLS_LINKED    bpfGtStat = 42
+	bpfGtStatGT_STAT_UNSAMPLED     bpfGtStat = 43
 	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
 )
 

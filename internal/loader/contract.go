@@ -117,6 +117,7 @@ const (
 	StatResync       = uint32(bpfGtStatGT_STAT_RESYNC)
 	StatSkippedBytes = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
 	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
+	StatUnsampled    = uint32(bpfGtStatGT_STAT_UNSAMPLED)
 	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)  // TLS probe runs in targets
 	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS) // records emitted from TLS plaintext
 	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED) // SSL objects linked to their socket

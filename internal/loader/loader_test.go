@@ -487,3 +487,36 @@ func TestRequestStartSplitAcrossReads(t *testing.T) {
 		t.Fatalf("server requests %q; want /seed_session then /verify", paths)
 	}
 }
+
+func TestUnsampledInboundCopiesNothing(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; i < 2; i++ {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for _, flags := range []string{"00", "01"} {
+		writeAll(t, c, "GET /get_weather HTTP/1.1\r\nHost: h\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-"+flags+"\r\n\r\n")
+		io.ReadFull(br, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
+	}
+	got := r.waitFor(2, kindSide(EvRequest, SideServer))
+	if len(got) != 1 || !strings.HasSuffix(string(got[0].Traceparent[:55]), "-01") {
+		t.Fatalf("server requests %d (want only the sampled one)", len(got))
+	}
+	if resp := r.waitFor(2, kindSide(EvResponse, SideServer)); len(resp) != 1 {
+		t.Errorf("server responses %d, want 1 (the unsampled exchange copies nothing)", len(resp))
+	}
+	if st := r.stats(); st[StatUnsampled] == 0 {
+		t.Error("unsampled counter did not move")
+	}
+}

@@ -319,6 +319,7 @@ const (
 	injtestGtStatGT_STAT_TLS_CALLS     injtestGtStat = 40
 	injtestGtStatGT_STAT_TLS_EVENTS    injtestGtStat = 41
 	injtestGtStatGT_STAT_TLS_LINKED    injtestGtStat = 42
+	injtestGtStatGT_STAT_UNSAMPLED     injtestGtStat = 43
 	injtestGtStatGT_STAT_MAX           injtestGtStat = 48
 )
 

@@ -265,6 +265,7 @@ const (
 	tlstestGtStatGT_STAT_TLS_CALLS     tlstestGtStat = 40
 	tlstestGtStatGT_STAT_TLS_EVENTS    tlstestGtStat = 41
 	tlstestGtStatGT_STAT_TLS_LINKED    tlstestGtStat = 42
+	tlstestGtStatGT_STAT_UNSAMPLED     tlstestGtStat = 43
 	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 48
 )
 
