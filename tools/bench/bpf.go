@@ -39,6 +39,10 @@ func hookOfProgram(name string) string {
 			return h
 		}
 	}
+	// Injection's decision programs sit on syscall entries too (bpf/inject.h).
+	if rest, ok := strings.CutPrefix(name, "gt_inject_enter_"); ok && rest != "" {
+		return "sys_enter_" + rest
+	}
 	for _, p := range []string{"gt_exit_", "gt_enter_"} {
 		if rest, ok := strings.CutPrefix(name, p); ok && rest != "" && len(name) <= 15 {
 			return "sys_" + strings.TrimPrefix(p, "gt_") + rest
