@@ -312,21 +312,25 @@ const PollInterval = 10 * time.Millisecond
 // The slice passed to fn is reused: fn must copy what it keeps.
 func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 	var rec ringbuf.Record
+	// The deadline is re-armed only when a poll ran out, not per record:
+	// records already in the buffer are read before an expired deadline is
+	// reported, so none waits longer than PollInterval.
+	t.rd.SetDeadline(time.Now().Add(PollInterval))
+	draining := false
 	for {
-		done := ctx.Err() != nil
-		if done {
+		if !draining && ctx.Err() != nil {
+			draining = true
 			t.rd.SetDeadline(time.Now()) // drain, then stop
-		} else {
-			t.rd.SetDeadline(time.Now().Add(PollInterval))
 		}
 		err := t.rd.ReadInto(&rec)
 		switch {
 		case err == nil:
 			fn(rec.RawSample)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if done {
+			if draining {
 				return nil
 			}
+			t.rd.SetDeadline(time.Now().Add(PollInterval))
 		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
 			return nil
 		default:
