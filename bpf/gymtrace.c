@@ -31,4 +31,5 @@ enum gt_stat gt_contract_stat __attribute__((unused));
 enum gt_config_flag gt_contract_cfg_flag __attribute__((unused));
 enum gt_inject_stat gt_contract_inject_stat __attribute__((unused));
 enum gt_inject_cfg_flag gt_contract_inject_cfg __attribute__((unused));
+enum gt_prof_section gt_contract_prof __attribute__((unused));
 struct gt_trace_ctx gt_contract_trace_ctx __attribute__((unused));

@@ -147,6 +147,7 @@ static __always_inline void gt_header_line(struct gt_scratch *sc, __u32 ls, __u3
 		if (le >= v + 7 && GT_HDR_IS(s, v, "chunked"))
 			sc->scan.chunked = 1;
 	} else if (is_req && c0 == 't' && le > ls + 12 && GT_HDR_IS(s, ls, "traceparent:")) {
+		sc->scan.tp_any = 1;
 		v = ls + 12;
 		if (s[v & GT_SCRATCH_MASK] == ' ')
 			v++;
@@ -160,6 +161,7 @@ static __always_inline void gt_header_line(struct gt_scratch *sc, __u32 ls, __u3
 			v++;
 		sc->scan.host_found = 1;
 		sc->scan.host_at = v;
+		sc->scan.host_len = le > v ? le - v : 0;
 	} else if (c0 == 'u' && le > ls + 8 && GT_HDR_IS(s, ls, "upgrade:")) {
 		sc->scan.upgrade = 1;
 	}

@@ -46,19 +46,21 @@ struct gt_inject_rec {
 	__u16 lport;    // the socket, host byte order
 	__u16 rport;
 	__u8 state; // enum gt_inj_state
-	__u8 _pad[7];
+	__u8 py_ok; // py_* and cause_* hold the calling context (gt_py_context said OK)
+	__u8 _pad[6];
 	__u8 head[GT_INJ_HEAD];
 	__u8 line[72]; // GT_INJ_LINE bytes: "traceparent: 00-<trace>-<span>-<flags>\r\n"
+	// The asyncio context of the decision, handed to the parser at sys_exit
+	// (gt_inject_note) so the same syscall does not read it twice.
+	__u64 py_ctx;
+	__u64 py_root;
+	__u64 cause_conn;
+	__u64 cause_seq;
 };
 
-// Per-CPU working memory of gt_inject_prepare: loop-carried state of the
-// header scan in map memory (see gt_scan), and the record being built (too
-// large for the 512-byte stack next to the inlined context walk).
+// Per-CPU working memory of gt_inject_decide: the ids and the record being
+// built (too large for the 512-byte stack next to the inlined context walk).
 struct gt_inj_scan {
-	__u32 ls;       // start of the current line
-	__u32 line_end; // 0 until the request line's end is found
-	__s32 end;      // offset past the header block, -1 until found
-	__u32 tp;       // a traceparent header line was seen
 	__u8 ids[32];   // trace id, span id (and flags) being formatted or parsed
 	struct gt_inject_rec rec;
 };
@@ -116,6 +118,18 @@ struct {
 	__type(value, __u8);
 } gt_inject_serving SEC(".maps");
 
+// Is injection on? (The parser wakes the reader for inbound requests then.)
+// Processes that own at least one socket injection can write to. Only their
+// inbound requests are worth a reader wakeup (a wakeup costs the traced
+// syscall ~13 us; see gt_submit): a process whose outbound connections all
+// predate gymtrace never gets a header, so its records can wait for the poll.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} gt_inject_procs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, GT_INJ_STAT_MAX);
@@ -149,41 +163,10 @@ static __always_inline __u8 gt_hex(__u8 n)
 	return '0' + n + ((((int)9 - (int)n) >> 31) & 39);
 }
 
-// Scans sc->buf[0, n) (a request) for the end of the request line, the end
-// of the header block and any traceparent header, whatever its value.
-static __always_inline struct gt_inj_scan *gt_inj_scan_headers(struct gt_scratch *sc, __u32 n)
+static __always_inline struct gt_inj_scan *gt_inj_state(void)
 {
 	__u32 zero = 0;
-	struct gt_inj_scan *st = bpf_map_lookup_elem(&gt_inject_scan, &zero);
-	if (!st)
-		return 0;
-	st->ls = 0;
-	st->line_end = 0;
-	st->end = -1;
-	st->tp = 0;
-	int i;
-	gt_for(i, 0, (int)n)
-	{
-		if (sc->buf[i & GT_SCRATCH_MASK] != '\n')
-			continue;
-		__u32 ls = st->ls;
-		st->ls = i + 1;
-		if (!st->line_end) {
-			st->line_end = i + 1;
-			continue;
-		}
-		__u32 le = i;
-		if (le > ls && sc->buf[(le - 1) & GT_SCRATCH_MASK] == '\r')
-			le--;
-		if (le == ls) {
-			st->end = i + 1;
-			break;
-		}
-		if (le >= ls + 12 && (sc->buf[ls & GT_SCRATCH_MASK] | 0x20) == 't' &&
-		    GT_HDR_IS(sc->buf, ls, "traceparent:"))
-			st->tp = 1;
-	}
-	return st;
+	return bpf_map_lookup_elem(&gt_inject_scan, &zero);
 }
 
 // Is ubuf[0, len) a whole HTTP/1.x request head with no traceparent? Returns
@@ -194,25 +177,47 @@ __noinline int gt_inject_check(__u64 ubuf, __u32 len)
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
 		return 0;
-	__u32 n = len > GT_SCRATCH ? GT_SCRATCH : len;
-	if (n < GT_PEEK || n > GT_SCRATCH || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
+	__u32 max = len > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : len;
+	// Most request heads fit in 512 bytes: read that much, and the rest of
+	// the window only when the block goes on (a write often carries the
+	// body too, which is never needed here).
+	__u32 n = max > 512 ? 512 : max;
+	if (n < GT_PEEK || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
 		return 0;
 	__u16 arg = 0;
 	__u8 mlen = 0;
 	if (gt_classify(sc->buf, n, &arg, &mlen) != GT_START_REQUEST)
 		return 0;
-	struct gt_inj_scan *st = gt_inj_scan_headers(sc, n);
-	if (!st)
-		return 0;
-	if (st->tp) {
+#pragma unroll
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (attempt == 1) {
+			if (sc->scan.end >= 0 || n >= max)
+				break;
+			n = max;
+			if (n > GT_SCRATCH - 128 || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
+				return 0;
+		}
+		sc->scan.skip = 1; // the request line
+		sc->scan.cl = -1;
+		sc->scan.chunked = 0;
+		sc->scan.upgrade = 0;
+		sc->scan.host_found = 0;
+		sc->scan.tp_found = 0;
+		sc->scan.tp_any = 0;
+		gt_scan_headers(sc, n, 1);
+	}
+	if (sc->scan.tp_any) {
 		gt_inj_stat(GT_INJ_STAT_HAS_TP);
 		return 0;
 	}
-	__u32 le = st->line_end;
-	if (st->end < 0 || le < 16 || le > GT_SCRATCH) {
+	__u32 le = sc->scan.nl_count ? sc->nl[0] + 1 : 0;
+	if (sc->scan.end < 0 || le < 16 || le > GT_SCRATCH) {
 		gt_inj_stat(GT_INJ_STAT_SPLIT);
 		return 0;
 	}
+	struct gt_inj_scan *st = gt_inj_state();
+	if (!st)
+		return 0;
 	// HTTP/1.x and CRLF line ends only: "... HTTP/1.x\r\n".
 	const __u8 *b = sc->buf;
 	__u32 v = le - 10;
@@ -232,7 +237,7 @@ __noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports)
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	// Which trace: the inbound request whose handler makes this call.
 	__u64 ctx = 0, root = 0, cconn = 0, cseq = 0;
-	gt_py_context(tgid, tid, &ctx, &root);
+	int py = gt_py_context(tgid, tid, &ctx, &root);
 	gt_py_cause(root, &cconn, &cseq);
 	struct gt_trace_key k = {.conn = cconn, .seq = cseq};
 	struct gt_trace_ctx *tc;
@@ -252,8 +257,7 @@ __noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports)
 			return 0;
 		}
 	}
-	__u32 zero = 0;
-	struct gt_inj_scan *st = bpf_map_lookup_elem(&gt_inject_scan, &zero);
+	struct gt_inj_scan *st = gt_inj_state();
 	if (!st)
 		return 0;
 	struct gt_inject_rec *r = &st->rec;
@@ -303,7 +307,18 @@ __noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports)
 	r->lport = ports >> 16;
 	r->rport = ports & 0xffff;
 	r->state = GT_INJ_PREPARED;
-	bpf_map_update_elem(&gt_inject_recs, &tid, r, BPF_ANY);
+	r->py_ok = py == GT_PY_OK;
+	r->py_ctx = ctx;
+	r->py_root = root;
+	r->cause_conn = cconn;
+	r->cause_seq = cseq;
+	// In place when the thread has its record already: an update would
+	// allocate a new element and free the old one.
+	struct gt_inject_rec *dst = bpf_map_lookup_elem(&gt_inject_recs, &tid);
+	if (dst)
+		__builtin_memcpy(dst, r, sizeof(*r));
+	else
+		bpf_map_update_elem(&gt_inject_recs, &tid, r, BPF_ANY);
 	gt_inj_stat(GT_INJ_STAT_PREPARED);
 	return 0;
 }
@@ -334,11 +349,20 @@ static __always_inline int gt_inj_first_buf(int kind, __u64 a1, __u64 a2, __u64 
 	return 1;
 }
 
-static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a2)
+static __always_inline int gt_inject_enter_target(__u64 id, int kind, __u64 a0, __u64 a1, __u64 a2)
 {
-	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
-	if (!gt_is_target(tgid))
+	// Only a process owning a socket in gt_inject_socks can have a header
+	// inserted (the sk_msg program runs for those sockets alone): for any
+	// other target this is one lookup and out.
+	if (!bpf_map_lookup_elem(&gt_inject_procs, &tgid))
+		return 0;
+	__s32 fd = (__s32)a0;
+	struct gt_conn_key key = {.tgid = tgid, .fd = fd};
+	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
+	// Accepted sockets and non-TCP fds never pass the sk_msg program, so no
+	// decision of this thread's can be used in this syscall: out.
+	if (c && (c->kind != GT_CONN_HTTP || c->side == GT_SIDE_SERVER))
 		return 0;
 	// Whatever this thread decided for an earlier syscall is void now.
 	struct gt_inject_rec *old = bpf_map_lookup_elem(&gt_inject_recs, &tid);
@@ -348,14 +372,11 @@ static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a
 	struct gt_config *cfg = gt_cfg();
 	if (!icfg || !cfg || !(icfg->flags & GT_INJ_ON) || !(cfg->mask & GT_GROUP_HTTP_CLIENT))
 		return 0;
-	__s32 fd = (__s32)a0;
-	struct gt_conn_key key = {.tgid = tgid, .fd = fd};
-	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
 	__u32 ports = 0;
 	if (c) {
 		// Only where the parser knows a message starts: an idle request
 		// direction of a plain (not TLS) client connection.
-		if (c->kind != GT_CONN_HTTP || c->tls || c->side == GT_SIDE_SERVER || c->dir[1].phase != GT_PH_IDLE)
+		if (c->tls || c->dir[1].phase != GT_PH_IDLE)
 			return 0;
 		ports = (__u32)c->tuple.lport << 16 | c->tuple.rport;
 	}
@@ -378,10 +399,26 @@ static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a
 			return 0;
 		ports = (__u32)t.lport << 16 | t.rport;
 	}
+	__u64 t0 = gt_prof_begin();
 	int le = gt_inject_check(buf, (__u32)(len > GT_SCRATCH ? GT_SCRATCH : len));
+	gt_prof_end(GT_PROF_INJ_CHECK, t0);
 	if (le <= 0)
 		return 0;
-	return gt_inject_decide(id, fd, le, ports);
+	t0 = gt_prof_begin();
+	gt_inject_decide(id, fd, le, ports);
+	gt_prof_end(GT_PROF_INJ_DECIDE, t0);
+	return 0;
+}
+
+static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a2)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!gt_is_target(id >> 32))
+		return 0;
+	__u64 t0 = gt_prof_begin();
+	gt_inject_enter_target(id, kind, a0, a1, a2);
+	gt_prof_end(GT_PROF_INJ_ENTER, t0);
+	return 0;
 }
 
 // Called by the parser (bpf/syscalls.h, gt_py_note) at every message start
@@ -396,9 +433,12 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 		return 0;
 	__u32 tgid = io->tgid;
 	if (c->side == GT_SIDE_SERVER) {
-		if (!bpf_map_lookup_elem(&gt_inject_serving, &tgid)) {
-			__u8 one = 1;
-			bpf_map_update_elem(&gt_inject_serving, &tgid, &one, BPF_ANY);
+		if (!c->served_noted) {
+			c->served_noted = 1;
+			if (!bpf_map_lookup_elem(&gt_inject_serving, &tgid)) {
+				__u8 one = 1;
+				bpf_map_update_elem(&gt_inject_serving, &tgid, &one, BPF_ANY);
+			}
 		}
 		return 0;
 	}
@@ -408,6 +448,7 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 	struct gt_inject_rec *r = bpf_map_lookup_elem(&gt_inject_recs, &tid);
 	if (!r || r->tgid != tgid || r->fd != io->fd)
 		return 0;
+	int have_py = r->state != GT_INJ_NONE && r->py_ok;
 	if (r->state == GT_INJ_PUSHED) {
 		__builtin_memcpy(c->req.traceparent, &r->line[GT_INJ_NAME_LEN], GT_TRACEPARENT_LEN);
 		c->req.flags |= GT_F_TRACEPARENT | GT_F_INJECTED;
@@ -415,21 +456,16 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 	} else if (r->state == GT_INJ_PREPARED) {
 		gt_inj_stat(GT_INJ_STAT_NOT_PUSHED);
 	}
+	if (have_py) {
+		c->req.py_ctx = r->py_ctx;
+		c->req.py_root = r->py_root;
+		c->req.cause_conn = r->cause_conn;
+		c->req.cause_seq = r->cause_seq;
+	}
 	r->state = GT_INJ_NONE;
-	return 0;
+	return have_py;
 }
 
-// Is injection on? (The parser wakes the reader for inbound requests then.)
-// Processes that own at least one socket injection can write to. Only their
-// inbound requests are worth a reader wakeup (a wakeup costs the traced
-// syscall ~13 us; see gt_submit): a process whose outbound connections all
-// predate gymtrace never gets a header, so its records can wait for the poll.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, __u8);
-} gt_inject_procs SEC(".maps");
 
 static __always_inline int gt_inject_wake(__u32 tgid)
 {

@@ -52,6 +52,7 @@ int gt_py_copy_ret(void *ctx)
 	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
 	if (!p)
 		return 0;
+	__u64 t0 = gt_prof_begin();
 
 	// The GIL is held here, so the thread state and its context are stable.
 	__u64 parent = 0;
@@ -102,5 +103,6 @@ int gt_py_copy_ret(void *ctx)
 	else
 		bpf_map_update_elem(&gt_py_links, &child, &l, BPF_ANY);
 	gt_py_stat(GT_PY_LINKED);
+	gt_prof_end(GT_PROF_PY_COPY, t0);
 	return 0;
 }

@@ -82,6 +82,7 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 		return;
 	if (c->skip_ring & (1ULL << (c->req.seq & 63)))
 		return; // decided after the gate: not sampled upstream
+	__u64 t0 = gt_prof_begin();
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
@@ -101,18 +102,22 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 #endif
 	gt_submit(e);
 	c->emitted_ring |= 1ULL << (c->req.seq & 63);
+	gt_prof_end(GT_PROF_EMIT, t0);
 }
 
 static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
 {
 	if (gt_prof_skip & 2)
 		return;
-	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	__u64 t0 = gt_prof_begin();
+	// Only the fixed head: a response has no path, host, traceparent or
+	// rollout, and a third of the bytes is a third of the cache lines.
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
 		return;
 	}
-	__builtin_memset(e, 0, sizeof(*e));
+	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);
 	e->kind = GT_EV_RESPONSE;
 	e->side = c->side;
 	e->role = io->role;
@@ -128,16 +133,17 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 	e->body_len = d->body_len;
 	e->tuple = c->tuple;
 	gt_submit(e);
+	gt_prof_end(GT_PROF_EMIT, t0);
 }
 
 static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, __u16 flags)
 {
-	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
 		return;
 	}
-	__builtin_memset(e, 0, sizeof(*e));
+	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);
 	e->kind = GT_EV_CLOSE;
 	e->side = c->side;
 	e->role = io->role;
@@ -215,13 +221,12 @@ static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d,
 // rest of the buffer belongs to this header block or is to be ignored.
 // Global (non-static) functions are verified once, on their own, instead of
 // once per call site and caller state: that keeps verification linear.
-__noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	if (!c || !io)
 		return -1;
 	struct gt_dir *d = &c->dir[io->dir & 1];
 	int first = io->hdr_first;
-	__u8 path_at = io->path_at;
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
 		return -1;
@@ -230,7 +235,8 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	if (carry > GT_CARRY)
 		carry = 0;
 	c->carry_len = 0;
-	__builtin_memcpy(sc->buf, c->carry, GT_CARRY);
+	if (carry)
+		__builtin_memcpy(sc->buf, c->carry, GT_CARRY);
 	// Most header blocks fit in 1 KiB: read that much first, and the rest of
 	// the window only when the block goes on.
 	__u32 max = avail > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : avail;
@@ -247,9 +253,7 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 			return -1;
 		n = carry + nr;
 		if (first) {
-			sc->scan.skip = 1; // the start line is not a header
-			if (d->is_req)
-				gt_copy_path(sc->buf, path_at, n, &c->req);
+			sc->scan.skip = 1; // the start line is not a header (gt_start_request copied the path)
 		} else {
 			sc->scan.skip = carry ? 0 : d->mid_line;
 		}
@@ -258,7 +262,9 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 		sc->scan.upgrade = 0;
 		sc->scan.host_found = 0;
 		sc->scan.tp_found = 0;
+		__u64 t1 = gt_prof_begin();
 		gt_scan_headers(sc, n, d->is_req);
+		gt_prof_end(GT_PROF_SCAN, t1);
 	}
 	int end = sc->scan.end;
 	if (end >= 0)
@@ -300,17 +306,15 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 #endif
 	}
 	if (d->is_req && sc->scan.host_found) {
-		__u32 at = sc->scan.host_at;
-		int j;
-		c->req.host_len = 0;
-		gt_for(j, 0, GT_HOST_MAX - 1)
-		{
-			__u8 ch = sc->buf[(at + j) & GT_SCRATCH_MASK];
-			if (at + j >= n || ch == '\r' || ch == '\n')
-				break;
-			c->req.host[j & (GT_HOST_MAX - 1)] = ch;
-			c->req.host_len = j + 1;
-		}
+		// The value up to the line's end, which the scan knows: one copy,
+		// and not a byte of the next header.
+		__u32 hl = sc->scan.host_len;
+		if (hl > GT_HOST_MAX - 1)
+			hl = GT_HOST_MAX - 1;
+		asm volatile("%0 &= 63" : "+r"(hl));
+		if (hl)
+			bpf_probe_read_kernel(c->req.host, hl, &sc->buf[sc->scan.host_at & GT_SCRATCH_MASK]);
+		c->req.host_len = hl;
 		c->req.flags |= GT_F_HOST;
 	}
 	n = nr;
@@ -331,6 +335,14 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	}
 	d->phase = GT_PH_HEADERS;
 	return -1;
+}
+
+__noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+{
+	__u64 t0 = gt_prof_begin();
+	int r = gt_headers_body(c, io, ubuf, avail);
+	gt_prof_end(GT_PROF_HEADERS, t0);
+	return r;
 }
 
 static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
@@ -357,13 +369,23 @@ __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)
 		return 0;
+	__u64 t0 = gt_prof_begin();
+	int is_req = c->dir[io->dir & 1].is_req;
 #ifdef GT_INJECT
-	gt_inject_note(c, io);
+	// A client request whose context injection's sys_enter program already
+	// read (bpf/inject.h) needs nothing more.
+	int done = gt_inject_note(c, io);
+	gt_prof_end(GT_PROF_INJ_NOTE, t0);
+	if (done && c->side == GT_SIDE_CLIENT && is_req) {
+		gt_prof_end(GT_PROF_PY_NOTE, t0);
+		return 0;
+	}
 #endif
 	__u64 ctx, root;
-	if (gt_py_context(io->tgid, io->tid, &ctx, &root) != GT_PY_OK)
+	if (gt_py_context(io->tgid, io->tid, &ctx, &root) != GT_PY_OK) {
+		gt_prof_end(GT_PROF_PY_NOTE, t0);
 		return 0;
-	int is_req = c->dir[io->dir & 1].is_req;
+	}
 	if (c->side == GT_SIDE_SERVER) {
 		if (is_req) {
 			gt_py_mark_spawner(ctx, io->tgid, io->fd, c->conn_id);
@@ -378,6 +400,7 @@ __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 		c->req.py_root = root;
 		gt_py_cause(root, &c->req.cause_conn, &c->req.cause_seq);
 	}
+	gt_prof_end(GT_PROF_PY_NOTE, t0);
 	return 0;
 }
 
@@ -415,6 +438,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 		ev->flags |= GT_F_RESYNC;
 	if (!(gt_prof_skip & 4))
 		gt_py_note(c, io);
+	__u64 t0 = gt_prof_begin();
 
 	// The path is needed before the gate can decide (routes pick gym.* groups);
 	// it is read into the per-CPU scratch, never into the ring buffer, so a
@@ -431,10 +455,12 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	__u64 mask = io->mask;
 	if (c->side == GT_SIDE_SERVER) {
 		groups = GT_GROUP_SERVER;
+		__u64 t1 = gt_prof_begin();
 		gt_route_key_from(&sc->route_key, ev, io->role);
 		__u64 *rg = bpf_map_lookup_elem(&gt_routes, &sc->route_key);
 		if (rg)
 			groups |= *rg;
+		gt_prof_end(GT_PROF_ROUTE, t1);
 	} else {
 		groups = GT_GROUP_HTTP_CLIENT;
 	}
@@ -451,6 +477,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 			  (io->cfg_flags & GT_CFG_ROLLOUT_IDS);
 	io->hdr_first = 1;
 	io->path_at = path_at;
+	gt_prof_end(GT_PROF_START_REQ, t0);
 	return gt_headers(c, io, ubuf, avail);
 }
 
@@ -644,12 +671,14 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 		if (!sc)
 			return -1;
 		__u32 pl = (c->partial_len && c->partial_dir == io->dir) ? c->partial_len : 0;
+		__u64 t0 = gt_prof_begin();
 		int n = gt_peek_start(c, io, ubuf + off, avail);
 		if (n <= 0)
 			return -1; // read error, or kept as a partial start
 		__u16 arg = 0;
 		__u8 mlen = 0;
 		int kind = gt_classify(sc->peek, n, &arg, &mlen);
+		gt_prof_end(GT_PROF_PEEK, t0);
 		if (kind == GT_START_NONE) {
 			if (d->phase == GT_PH_IDLE) {
 				// Not at a message start: a connection picked up mid-body,
@@ -685,7 +714,11 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 			r = gt_start_request(c, d, io, ubuf + off, avail, arg, at < 0 ? 0 : at);
 		}
 		else
+		{
+			__u64 t1 = gt_prof_begin();
 			r = gt_start_response(c, d, io, ubuf + off, avail, arg);
+			gt_prof_end(GT_PROF_START_RESP, t1);
+		}
 		c->started = 1;
 		return r;
 	}
@@ -694,8 +727,11 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 		return gt_headers(c, io, ubuf + off, avail);
 	case GT_PH_BODY_CL: {
 		__u64 take = d->remaining < avail ? d->remaining : avail;
-		if (d->scan_rollout && d->is_req)
+		if (d->scan_rollout && d->is_req) {
+			__u64 t0 = gt_prof_begin();
 			gt_scan_rollout(&c->req, ubuf + off, take);
+			gt_prof_end(GT_PROF_ROLLOUT, t0);
+		}
 		d->remaining -= take;
 		d->body_len += take;
 		if (!d->remaining)
@@ -814,12 +850,9 @@ static __always_inline int gt_in_flight(struct gt_conn *c)
 				   c->dir[1].phase > GT_PH_IDLE);
 }
 
-static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
+static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kind)
 {
-	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if (!gt_is_target(tgid))
-		return 0;
 	struct gt_config *cfg = gt_cfg();
 	if (!cfg)
 		return 0;
@@ -869,7 +902,9 @@ static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
 		return 0;
 	}
 
+	__u64 t0 = gt_prof_begin();
 	struct gt_conn *c = gt_conn_get(&io, 1);
+	gt_prof_end(GT_PROF_CONN, t0);
 	if (!c || c->kind != GT_CONN_HTTP)
 		return 0;
 	// Ciphertext of an SSL* the TLS probes follow: linked, then ignored.
@@ -881,7 +916,9 @@ static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
 		return 0;
 
 	if (kind == GT_IO_PLAIN) {
+		t0 = gt_prof_begin();
 		gt_process(c, &io, a1, (__u32)ret);
+		gt_prof_end(GT_PROF_PROCESS, t0);
 		return 0;
 	}
 	__u64 iov = a1, cnt = a2;
@@ -912,6 +949,17 @@ static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
 		sc->loops.iov_left = left - seg;
 		gt_process(c, &io, v.base, (__u32)seg);
 	}
+	return 0;
+}
+
+static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!gt_is_target(id >> 32))
+		return 0;
+	__u64 t0 = gt_prof_begin();
+	gt_on_io_target(id, ret, dir, kind);
+	gt_prof_end(GT_PROF_IO, t0);
 	return 0;
 }
 

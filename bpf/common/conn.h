@@ -73,7 +73,8 @@ struct gt_conn {
 	// header block split by the network), completed by the next one.
 	__u8 carry_len;
 	__u8 carry_dir;
-	__u8 _pad3[6];
+	__u8 served_noted; // bpf/inject.h: this server connection's process is in gt_inject_serving
+	__u8 _pad3[5];
 	__u8 carry[GT_CARRY];
 	__u16 resp_status;
 	__u16 resp_flags;

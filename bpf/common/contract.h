@@ -157,6 +157,10 @@ struct http_event {
 	struct gt_rollout rollout;
 };
 
+// Response and close records end here: the fields after tuple are request
+// data. Userspace reads the record's length and zero-fills the rest.
+#define GT_HTTP_EVENT_HEAD __builtin_offsetof(struct http_event, path)
+
 enum gt_target_flag {
 	GT_TARGET_CHILD = 1 << 0, // added by the kernel at fork: a child of a target
 };
@@ -214,6 +218,28 @@ struct proc_event {
 	__u64 cause_conn; // the inbound request whose handler forked (see http_event)
 	__u64 cause_seq;
 	__u8 comm[16];
+};
+
+// Sections timed when gt_prof_time is set (cost experiments only).
+enum gt_prof_section {
+	GT_PROF_IO = 0,          // gt_on_io past the target test
+	GT_PROF_CONN = 1,        // connection lookup / creation
+	GT_PROF_PY_NOTE = 2,     // gt_py_note (asyncio context, spawners, cause)
+	GT_PROF_INJ_NOTE = 3,    // gt_inject_note
+	GT_PROF_START_REQ = 4,   // gt_start_request up to the header parse
+	GT_PROF_ROUTE = 5,       // route-table lookup
+	GT_PROF_HEADERS = 6,     // gt_headers
+	GT_PROF_SCAN = 7,        // gt_scan_headers
+	GT_PROF_EMIT = 8,        // a request or response record
+	GT_PROF_ROLLOUT = 9,     // gt_scan_rollout
+	GT_PROF_INJ_ENTER = 10,  // injection's sys_enter program past the target test
+	GT_PROF_INJ_CHECK = 11,  // gt_inject_check
+	GT_PROF_INJ_DECIDE = 12, // gt_inject_decide
+	GT_PROF_PY_COPY = 13,    // the PyContext_CopyCurrent return probe
+	GT_PROF_PROCESS = 14,    // gt_process (all steps of one buffer)
+	GT_PROF_START_RESP = 15, // gt_start_response
+	GT_PROF_PEEK = 16,       // gt_peek_start + classify
+	GT_PROF_MAX = 24,
 };
 
 // traceparent injection (bpf/inject.h, docs/injection.md).

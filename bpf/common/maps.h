@@ -69,9 +69,11 @@ struct gt_scan {
 	__u8 upgrade;
 	__u8 host_found;
 	__u8 tp_found;
-	__u8 _pad[3];
+	__u8 tp_any; // a traceparent header line of any value (bpf/inject.h)
+	__u8 _pad[2];
 	__s64 cl;
 	__u32 host_at;
+	__u32 host_len; // to the end of the Host line
 	__u32 tp_at;
 	__u32 nl_count; // newlines recorded in nl[]
 	__u32 last_nl;  // position of the previous newline + 1 (0: none yet)

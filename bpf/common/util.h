@@ -17,6 +17,39 @@ __u64 gt_next_conn_id;
 // 0 in production.
 volatile const __u32 gt_prof_skip = 0;
 
+// Section timing for cost experiments (GYMTRACE_PROF_TIME=1; gymtrace logs
+// the table at exit). 0 in production: the verifier then removes every
+// timing branch, so the sections cost nothing.
+volatile const __u32 gt_prof_time = 0;
+
+struct gt_prof_slot {
+	__u64 ns;
+	__u64 n;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GT_PROF_MAX);
+	__type(key, __u32);
+	__type(value, struct gt_prof_slot);
+} gt_prof SEC(".maps");
+
+static __always_inline __u64 gt_prof_begin(void)
+{
+	return gt_prof_time ? bpf_ktime_get_ns() : 0;
+}
+
+static __always_inline void gt_prof_end(__u32 slot, __u64 t0)
+{
+	if (!gt_prof_time)
+		return;
+	struct gt_prof_slot *v = bpf_map_lookup_elem(&gt_prof, &slot);
+	if (v) {
+		v->ns += bpf_ktime_get_ns() - t0;
+		v->n++;
+	}
+}
+
 // Ring-buffer bytes pending before a submit wakes the reader. Waking a
 // sleeping reader costs the traced syscall several microseconds (measured:
 // 8.3 us -> 1.0 us per traced message without it), so records are submitted

@@ -89,6 +89,17 @@ func runCLI(ctx context.Context, args []string, stdout, stderr io.Writer, lookup
 	hup := installReloadHook(loader, lv)
 	defer hup()
 
+	if path, ok := lookupEnv("GYMTRACE_CPUPROFILE"); ok && path != "" && cmd != "check" {
+		// A debugging knob for performance work (docs/performance.md): the
+		// agent's CPU profile, written when it stops.
+		done, err := startCPUProfile(path)
+		if err != nil {
+			fmt.Fprintf(stderr, "gymtrace: GYMTRACE_CPUPROFILE: %v\n", err)
+			return exitUsage
+		}
+		defer done()
+	}
+
 	var err error
 	switch cmd {
 	case "run":

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -43,6 +44,8 @@ type tracer struct {
 	out   *export.Pipeline
 
 	py *pyTargets
+
+	records atomic.Uint64 // ring-buffer records read
 
 	mu    sync.RWMutex
 	procs map[int]*discover.Process
@@ -221,6 +224,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	}()
 
 	readErr := kern.Read(runCtx, func(raw []byte) {
+		t.records.Add(1)
 		if len(raw) > 0 && loader.IsProcEvent(raw[0]) {
 			t.procEvent(w, raw)
 			return
@@ -230,6 +234,11 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 			log.Debug("undecodable record", "err", err)
 		}
 		t.submit(out)
+		if kern.Pending() == 0 {
+			// Caught up: the deletes of finished exchanges' trace
+			// contexts go to the kernel in one batch.
+			t.inj.Flush()
+		}
 	})
 	stop()
 	wg.Wait()
@@ -242,6 +251,9 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		log.Warn("exporter shutdown", "err", err)
 	}
 	st := t.out.Stats()
+	for _, r := range t.kern.ProfTable() {
+		log.Info("bpf section", "name", r.Name, "runs", r.Count, "ns_per_run", int(r.NsPer))
+	}
 	log.Info("gymtrace: detached", "spans_exported", st.Exported, "spans_failed", st.Failed, "spans_dropped", st.Dropped)
 	return readErr
 }
@@ -474,6 +486,7 @@ func (t *tracer) metricSources() metrics.Sources {
 		EventsEmitted:          perGroup(loader.StatEmitted),
 		EventsDiscarded:        perGroup(loader.StatDiscarded),
 		RingbufReserveFailures: func() uint64 { return t.kernelStats()[loader.StatRingbufFull] },
+		RecordsRead:            func() uint64 { return t.records.Load() },
 		KernelCounters: func() map[string]uint64 {
 			st := t.kernelStats()
 			out := map[string]uint64{

@@ -2,6 +2,7 @@ package export
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -50,6 +51,10 @@ type JSONLExporter struct {
 	closer io.Closer
 	res    *Resources
 	resMap map[*resource.Resource]map[string]any
+
+	line    []byte                        // the line being encoded (appendSpanJSON)
+	resJSON map[*resource.Resource][]byte // encoded resources
+	attrIdx []int                         // scratch of appendAttrs
 }
 
 // NewJSONL writes to w, which it never closes. res may be nil.
@@ -80,10 +85,9 @@ func OpenJSONL(path string, res *Resources) (*JSONLExporter, error) {
 func (e *JSONLExporter) Export(_ context.Context, batch []spans.Span) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	enc := json.NewEncoder(e.w)
-	enc.SetEscapeHTML(false)
 	for i := range batch {
-		if err := enc.Encode(e.toJSON(&batch[i])); err != nil {
+		e.line = e.appendSpanJSON(e.line[:0], &batch[i])
+		if _, err := e.w.Write(e.line); err != nil {
 			return fmt.Errorf("writing span %s as JSON: %w", batch[i].Name, err)
 		}
 	}
@@ -155,6 +159,18 @@ func (e *JSONLExporter) resource(s *spans.Span) map[string]any {
 	m := attrMap(r.Attributes())
 	e.resMap[r] = m
 	return m
+}
+
+// marshalNoHTML is json.Marshal without HTML escaping and the newline an
+// Encoder adds.
+func marshalNoHTML(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 func unixNano(n int64) uint64 {

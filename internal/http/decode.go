@@ -50,11 +50,20 @@ func Decode(raw []byte) (*loader.HTTPEvent, error) {
 // sample memory is reused by the reader, and a copy avoids any alignment
 // assumption about it.
 func DecodeInto(ev *loader.HTTPEvent, raw []byte) error {
-	if len(raw) < loader.HTTPEventSize {
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(ev)), loader.HTTPEventSize)
+	switch {
+	case len(raw) >= loader.HTTPEventSize:
+		copy(dst, raw[:loader.HTTPEventSize])
+	case len(raw) >= loader.HTTPEventHeadSize && raw[0] != loader.EvRequest:
+		// Responses and closes carry only the fixed head
+		// (GT_HTTP_EVENT_HEAD): the request fields read as empty.
+		n := copy(dst, raw)
+		clear(dst[n:])
+		ev.PathLen, ev.HostLen = 0, 0
+		ev.Flags &^= loader.FlagHost | loader.FlagTraceparent | loader.FlagRollout
+	default:
 		return decodeErr("record is %d bytes, want at least %d", len(raw), loader.HTTPEventSize)
 	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(ev)), loader.HTTPEventSize)
-	copy(dst, raw[:loader.HTTPEventSize])
 	return Validate(ev)
 }
 

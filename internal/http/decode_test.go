@@ -148,3 +148,29 @@ type nopHandler struct{}
 
 func (nopHandler) RequestStarted(*Exchange) {}
 func (nopHandler) ExchangeDone(*Exchange)   {}
+
+// Responses and closes travel as the record's fixed head; a reused event
+// must not keep the request fields of the record decoded before.
+func TestDecodeShortResponseRecord(t *testing.T) {
+	ev := sampleEvent()
+	if err := DecodeInto(ev, Encode(sampleEvent())); err != nil {
+		t.Fatal(err)
+	}
+	resp := sampleEvent()
+	resp.Kind, resp.Status = loader.EvResponse, 200
+	raw := Encode(resp)[:loader.HTTPEventHeadSize]
+	if err := DecodeInto(ev, raw); err != nil {
+		t.Fatalf("short response record rejected: %v", err)
+	}
+	if ev.Kind != loader.EvResponse || ev.Status != 200 || ev.ConnId != 7 || ev.PathLen != 0 || ev.Path[0] != 0 ||
+		ev.HostLen != 0 || ev.Traceparent[0] != 0 || ev.Rollout.Task != 0 {
+		t.Errorf("short record decoded as %+v", ev)
+	}
+	req := Encode(sampleEvent())[:loader.HTTPEventHeadSize]
+	if err := DecodeInto(ev, req); err == nil {
+		t.Error("a request record cut to the head was accepted")
+	}
+	if err := DecodeInto(ev, raw[:loader.HTTPEventHeadSize-1]); err == nil {
+		t.Error("a response record shorter than the head was accepted")
+	}
+}

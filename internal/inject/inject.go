@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -117,7 +119,16 @@ type Injector struct {
 	links   []link.Link
 	skmsg   bool
 	pubFail atomic.Uint64
+
+	// Unpublished keys not yet deleted from the kernel's map: deletes are
+	// not urgent (an exchange is over), so they go in batches (Flush).
+	mu   sync.Mutex
+	dels []traceKey
 }
+
+// maxPendingDeletes bounds the deferred deletes: Unpublish flushes at once
+// when this many wait.
+const maxPendingDeletes = 256
 
 // Attach attaches the programs and turns injection on.
 func Attach(p Programs, o Options) (*Injector, error) {
@@ -213,7 +224,15 @@ func (in *Injector) Publish(conn, seq uint64, tid trace.TraceID, parent trace.Sp
 	if sampled {
 		v.Flags = 1
 	}
-	if err := in.p.TraceCtxs.Put(traceKey{conn, seq}, &v); err != nil {
+	k := traceKey{conn, seq}
+	if conn == 0 {
+		// A job key (0, pid) can come back when a pid is reused: a delete
+		// still pending for the old one must not remove the new one.
+		in.mu.Lock()
+		in.dels = slices.DeleteFunc(in.dels, func(d traceKey) bool { return d == k })
+		in.mu.Unlock()
+	}
+	if err := in.p.TraceCtxs.Put(k, &v); err != nil {
 		// An LRU map only fails on a kernel error; the call then simply
 		// goes without a header. Say so once in a while, not per request.
 		if n := in.pubFail.Add(1); n&(n-1) == 0 {
@@ -223,12 +242,48 @@ func (in *Injector) Publish(conn, seq uint64, tid trace.TraceID, parent trace.Sp
 	}
 }
 
-// Unpublish forgets (conn, seq): its exchange is over.
+// Unpublish forgets (conn, seq): its exchange is over. The delete is
+// deferred to the next Flush (a syscall per exchange saved); the key is
+// never looked up again, since connection ids are not reused.
 func (in *Injector) Unpublish(conn, seq uint64) {
 	if in == nil {
 		return
 	}
-	_ = in.p.TraceCtxs.Delete(traceKey{conn, seq}) // LRU: a missing key is fine
+	in.mu.Lock()
+	in.dels = append(in.dels, traceKey{conn, seq})
+	full := len(in.dels) >= maxPendingDeletes
+	in.mu.Unlock()
+	if full {
+		in.Flush()
+	}
+}
+
+// Flush applies the deferred deletes, in one batch where the kernel
+// supports it. The reader calls it whenever it has drained the ring buffer.
+func (in *Injector) Flush() {
+	if in == nil {
+		return
+	}
+	in.mu.Lock()
+	keys := in.dels
+	in.dels = nil
+	in.mu.Unlock()
+	for len(keys) > 0 {
+		n, err := in.p.TraceCtxs.BatchDelete(keys, nil)
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			// LRU-evicted, or published by the kernel itself: skip it.
+			keys = keys[min(n+1, len(keys)):]
+		default:
+			// No batch operations (Linux < 5.6): one at a time.
+			for _, k := range keys[n:] {
+				_ = in.p.TraceCtxs.Delete(k) // LRU: a missing key is fine
+			}
+			return
+		}
+	}
 }
 
 // PublishJob publishes a process's gym.job: its calls no inbound request

@@ -4,9 +4,12 @@ package inject
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"math/rand/v2"
+	"os"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -43,5 +46,47 @@ func TestNilInjectorIsANoOp(t *testing.T) {
 	}
 	if st, err := in.Stats(); err != nil || len(st) != statMax {
 		t.Fatalf("Stats() = %v, %v", st, err)
+	}
+}
+
+// Unpublish defers deletes to Flush, which batches them past keys the kernel
+// already dropped, and a job key published again is not deleted by a delete
+// still pending for its previous owner.
+func TestUnpublishIsDeferredAndBatched(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a BPF map (run the tests as root, as CI does)")
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 16, ValueSize: 32, MaxEntries: 1024})
+	if err != nil {
+		t.Skipf("cannot create a BPF LRU hash map here: %v", err)
+	}
+	defer m.Close()
+	in := &Injector{p: Programs{TraceCtxs: m}, log: slog.Default()}
+	for i := uint64(1); i <= 300; i++ {
+		in.Publish(i, i, trace.TraceID{1}, trace.SpanID{1}, true)
+	}
+	in.Unpublish(1000, 1) // never published: a batch must step over it
+	for i := uint64(1); i < 300; i++ {
+		in.Unpublish(i, i)
+	}
+	in.PublishJob(77, trace.TraceID{2}, trace.SpanID{2}, true)
+	in.UnpublishJob(77)
+	in.PublishJob(77, trace.TraceID{3}, trace.SpanID{3}, true) // the pid came back
+	in.Flush()
+	var v traceCtx
+	var keys []traceKey
+	it := m.Iterate()
+	var k traceKey
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if len(keys) != 2 {
+		t.Fatalf("after Flush the map holds %v, want the key (300, 300) and the job (0, 77)", keys)
+	}
+	if err := m.Lookup(traceKey{0, 77}, &v); err != nil || v.TraceID[0] != 3 {
+		t.Fatalf("the republished job key: %v %v", v, err)
+	}
+	if err := m.Lookup(traceKey{300, 300}, &v); err != nil {
+		t.Fatalf("the key still in use was deleted: %v", err)
 	}
 }

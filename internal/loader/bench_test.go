@@ -44,7 +44,21 @@ func TestParserCost(t *testing.T) {
 	defer c.Close()
 	before := progTimes(t, r.tr)
 	buf := make([]byte, len(resp))
+	// GYMTRACE_COST_THRASH=MiB: walk that much memory between exchanges, as
+	// an interpreter between its syscalls does, so the programs run with
+	// cold caches as they do under a Python server.
+	var thrash []byte
+	if v := os.Getenv("GYMTRACE_COST_THRASH"); v != "" {
+		var mib int
+		fmt.Sscan(v, &mib)
+		thrash = make([]byte, mib<<20)
+	}
+	var sink byte
 	for i := 0; i < n; i++ {
+		for j := 0; j < len(thrash); j += 64 {
+			thrash[j]++
+			sink += thrash[j]
+		}
 		if _, err := c.Write([]byte(req)); err != nil {
 			t.Fatal(err)
 		}
@@ -53,6 +67,7 @@ func TestParserCost(t *testing.T) {
 		}
 	}
 	after := progTimes(t, r.tr)
+	_ = sink
 	got := r.waitFor(n, kindSide(EvResponse, SideClient))
 	if len(got) < n*9/10 && os.Getenv("GYMTRACE_PROF_SKIP") == "" {
 		t.Fatalf("only %d of %d responses recorded", len(got), n)
@@ -65,6 +80,9 @@ func TestParserCost(t *testing.T) {
 			t.Logf("%-20s runs %7d  %6.0f ns/run", name, cnt, float64(d)/float64(cnt))
 		}
 		total += d
+	}
+	for _, sec := range r.tr.ProfTable() {
+		t.Logf("section %-16s runs %7d  %6.0f ns/run", sec.Name, sec.Count, sec.NsPer)
 	}
 	// Each exchange is four traced messages: the request written and read,
 	// the response written and read.

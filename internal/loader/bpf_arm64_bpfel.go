@@ -79,7 +79,8 @@ type bpfGtConn struct {
 	Partial     [14]uint8
 	CarryLen    uint8
 	CarryDir    uint8
-	Pad3        [6]uint8
+	ServedNoted uint8
+	Pad3        [5]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -169,13 +170,9 @@ const (
 )
 
 type bpfGtInjScan struct {
-	_       structs.HostLayout
-	Ls      uint32
-	LineEnd uint32
-	End     int32
-	Tp      uint32
-	Ids     [32]uint8
-	Rec     bpfGtInjectRec
+	_   structs.HostLayout
+	Ids [32]uint8
+	Rec bpfGtInjectRec
 }
 
 type bpfGtInjectCfgFlag uint32
@@ -192,16 +189,21 @@ type bpfGtInjectConfig struct {
 }
 
 type bpfGtInjectRec struct {
-	_       structs.HostLayout
-	Tgid    uint32
-	Fd      int32
-	LineEnd uint32
-	Lport   uint16
-	Rport   uint16
-	State   uint8
-	Pad     [7]uint8
-	Head    [8]uint8
-	Line    [72]uint8
+	_         structs.HostLayout
+	Tgid      uint32
+	Fd        int32
+	LineEnd   uint32
+	Lport     uint16
+	Rport     uint16
+	State     uint8
+	PyOk      uint8
+	Pad       [6]uint8
+	Head      [8]uint8
+	Line      [72]uint8
+	PyCtx     uint64
+	PyRoot    uint64
+	CauseConn uint64
+	CauseSeq  uint64
 }
 
 type bpfGtInjectStat uint32
@@ -236,6 +238,35 @@ const (
 	bpfGtMethodGT_M_CONNECT bpfGtMethod = 8
 	bpfGtMethodGT_M_TRACE   bpfGtMethod = 9
 )
+
+type bpfGtProfSection uint32
+
+const (
+	bpfGtProfSectionGT_PROF_IO         bpfGtProfSection = 0
+	bpfGtProfSectionGT_PROF_CONN       bpfGtProfSection = 1
+	bpfGtProfSectionGT_PROF_PY_NOTE    bpfGtProfSection = 2
+	bpfGtProfSectionGT_PROF_INJ_NOTE   bpfGtProfSection = 3
+	bpfGtProfSectionGT_PROF_START_REQ  bpfGtProfSection = 4
+	bpfGtProfSectionGT_PROF_ROUTE      bpfGtProfSection = 5
+	bpfGtProfSectionGT_PROF_HEADERS    bpfGtProfSection = 6
+	bpfGtProfSectionGT_PROF_SCAN       bpfGtProfSection = 7
+	bpfGtProfSectionGT_PROF_EMIT       bpfGtProfSection = 8
+	bpfGtProfSectionGT_PROF_ROLLOUT    bpfGtProfSection = 9
+	bpfGtProfSectionGT_PROF_INJ_ENTER  bpfGtProfSection = 10
+	bpfGtProfSectionGT_PROF_INJ_CHECK  bpfGtProfSection = 11
+	bpfGtProfSectionGT_PROF_INJ_DECIDE bpfGtProfSection = 12
+	bpfGtProfSectionGT_PROF_PY_COPY    bpfGtProfSection = 13
+	bpfGtProfSectionGT_PROF_PROCESS    bpfGtProfSection = 14
+	bpfGtProfSectionGT_PROF_START_RESP bpfGtProfSection = 15
+	bpfGtProfSectionGT_PROF_PEEK       bpfGtProfSection = 16
+	bpfGtProfSectionGT_PROF_MAX        bpfGtProfSection = 24
+)
+
+type bpfGtProfSlot struct {
+	_  structs.HostLayout
+	Ns uint64
+	N  uint64
+}
 
 type bpfGtPyLink struct {
 	_       structs.HostLayout
@@ -341,12 +372,15 @@ type bpfGtScratch struct {
 		Upgrade   uint8
 		HostFound uint8
 		TpFound   uint8
-		Pad       [3]uint8
+		TpAny     uint8
+		Pad       [2]uint8
 		Cl        int64
 		HostAt    uint32
+		HostLen   uint32
 		TpAt      uint32
 		NlCount   uint32
 		LastNl    uint32
+		_         [4]byte
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -530,6 +564,7 @@ const (
 	bpfMapGtInjectServing       = "gt_inject_serving"
 	bpfMapGtInjectSocks         = "gt_inject_socks"
 	bpfMapGtInjectStats         = "gt_inject_stats"
+	bpfMapGtProf                = "gt_prof"
 	bpfMapGtPyLinks             = "gt_py_links"
 	bpfMapGtPyProcs             = "gt_py_procs"
 	bpfMapGtPySpawners          = "gt_py_spawners"
@@ -576,6 +611,7 @@ const (
 	bpfVarGtContractKind        = "gt_contract_kind"
 	bpfVarGtContractMethod      = "gt_contract_method"
 	bpfVarGtContractProcEvent   = "gt_contract_proc_event"
+	bpfVarGtContractProf        = "gt_contract_prof"
 	bpfVarGtContractProvider    = "gt_contract_provider"
 	bpfVarGtContractRole        = "gt_contract_role"
 	bpfVarGtContractSide        = "gt_contract_side"
@@ -585,6 +621,7 @@ const (
 	bpfVarGtContractVerb        = "gt_contract_verb"
 	bpfVarGtNextConnId          = "gt_next_conn_id"
 	bpfVarGtProfSkip            = "gt_prof_skip"
+	bpfVarGtProfTime            = "gt_prof_time"
 	bpfVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
 
@@ -671,6 +708,7 @@ type bpfMapSpecs struct {
 	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
+	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
 	GtPySpawners    *ebpf.MapSpec `ebpf:"gt_py_spawners"`
@@ -700,6 +738,7 @@ type bpfVariableSpecs struct {
 	GtContractKind       *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
 	GtContractMethod     *ebpf.VariableSpec `ebpf:"gt_contract_method"`
 	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
+	GtContractProf       *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
 	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
@@ -709,6 +748,7 @@ type bpfVariableSpecs struct {
 	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
 	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -744,6 +784,7 @@ type bpfMaps struct {
 	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
+	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
 	GtPySpawners    *ebpf.Map `ebpf:"gt_py_spawners"`
@@ -775,6 +816,7 @@ func (m *bpfMaps) Close() error {
 		m.GtInjectServing,
 		m.GtInjectSocks,
 		m.GtInjectStats,
+		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
 		m.GtPySpawners,
@@ -805,6 +847,7 @@ type bpfVariables struct {
 	GtContractKind       *ebpf.Variable `ebpf:"gt_contract_kind"`
 	GtContractMethod     *ebpf.Variable `ebpf:"gt_contract_method"`
 	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
+	GtContractProf       *ebpf.Variable `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
 	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
@@ -814,6 +857,7 @@ type bpfVariables struct {
 	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
 	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 

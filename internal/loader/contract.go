@@ -30,6 +30,10 @@ type RouteKey = bpfGtRouteKey
 // HTTPEventSize is the size in bytes of one ring-buffer record.
 const HTTPEventSize = int(unsafe.Sizeof(HTTPEvent{}))
 
+// HTTPEventHeadSize is the length of response and close records: the fields
+// before Path (GT_HTTP_EVENT_HEAD in bpf/common/contract.h).
+const HTTPEventHeadSize = int(unsafe.Offsetof(HTTPEvent{}.Path))
+
 // Event kinds.
 const (
 	EvRequest  = uint8(bpfGtEventKindGT_EV_REQUEST)

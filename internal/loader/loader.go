@@ -99,6 +99,12 @@ func Load(opts Options) (*Tracer, error) {
 			return nil, err
 		}
 	}
+	if os.Getenv("GYMTRACE_PROF_TIME") == "1" {
+		// Cost experiments only: time the parser's sections (ProfTable).
+		if err := spec.Variables["gt_prof_time"].Set(uint32(1)); err != nil {
+			return nil, err
+		}
+	}
 	t := &Tracer{log: log}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
@@ -301,6 +307,50 @@ func (t *Tracer) Stats() ([]uint64, error) {
 	return out, nil
 }
 
+// ProfSection is one row of ProfTable: a timed section of the BPF programs.
+type ProfSection struct {
+	Name  string
+	Count uint64  // times the section ran
+	NsPer float64 // mean ns per run (bpf_ktime_get_ns, both reads included)
+}
+
+var profNames = map[uint32]string{
+	uint32(bpfGtProfSectionGT_PROF_IO): "io", uint32(bpfGtProfSectionGT_PROF_CONN): "conn",
+	uint32(bpfGtProfSectionGT_PROF_PY_NOTE): "py_note", uint32(bpfGtProfSectionGT_PROF_INJ_NOTE): "inject_note",
+	uint32(bpfGtProfSectionGT_PROF_START_REQ): "start_request", uint32(bpfGtProfSectionGT_PROF_ROUTE): "route",
+	uint32(bpfGtProfSectionGT_PROF_HEADERS): "headers", uint32(bpfGtProfSectionGT_PROF_SCAN): "scan_headers",
+	uint32(bpfGtProfSectionGT_PROF_EMIT): "emit", uint32(bpfGtProfSectionGT_PROF_ROLLOUT): "scan_rollout",
+	uint32(bpfGtProfSectionGT_PROF_INJ_ENTER): "inject_enter", uint32(bpfGtProfSectionGT_PROF_INJ_CHECK): "inject_check",
+	uint32(bpfGtProfSectionGT_PROF_INJ_DECIDE): "inject_decide", uint32(bpfGtProfSectionGT_PROF_PY_COPY): "py_copy",
+	uint32(bpfGtProfSectionGT_PROF_PROCESS): "process", uint32(bpfGtProfSectionGT_PROF_START_RESP): "start_response",
+	uint32(bpfGtProfSectionGT_PROF_PEEK): "peek",
+}
+
+// ProfTable reads the section timings gathered with GYMTRACE_PROF_TIME=1
+// (bpf/common/util.h); nil when they are off.
+func (t *Tracer) ProfTable() []ProfSection {
+	if os.Getenv("GYMTRACE_PROF_TIME") != "1" {
+		return nil
+	}
+	var out []ProfSection
+	for i := uint32(0); i < uint32(bpfGtProfSectionGT_PROF_MAX); i++ {
+		var per []bpfGtProfSlot
+		if err := t.objs.GtProf.Lookup(i, &per); err != nil {
+			return nil
+		}
+		var ns, n uint64
+		for _, v := range per {
+			ns += v.Ns
+			n += v.N
+		}
+		if n == 0 {
+			continue
+		}
+		out = append(out, ProfSection{Name: profNames[i], Count: n, NsPer: float64(ns) / float64(n)})
+	}
+	return out
+}
+
 // PollInterval bounds how long a record waits in the ring buffer: records are
 // submitted without waking the reader (a wakeup costs the traced syscall
 // microseconds), so the reader looks every PollInterval, and at once when a
@@ -338,6 +388,10 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 		}
 	}
 }
+
+// Pending is the number of bytes in the ring buffer not read yet: 0 means
+// the reader has caught up with the kernel.
+func (t *Tracer) Pending() int { return t.rd.AvailableBytes() }
 
 // Programs returns the loaded programs by name (for bpf_stats in benchmarks).
 func (t *Tracer) Programs() map[string]*ebpf.Program {

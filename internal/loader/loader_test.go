@@ -63,10 +63,12 @@ func newRig(t *testing.T, mask uint64) *rig {
 	go func() {
 		defer close(done)
 		_ = tr.Read(ctx, func(raw []byte) {
-			if len(raw) < HTTPEventSize || IsProcEvent(raw[0]) {
+			if len(raw) < HTTPEventHeadSize || IsProcEvent(raw[0]) {
 				return
 			}
-			ev := *(*HTTPEvent)(unsafe.Pointer(&raw[0]))
+			// Responses and closes are the head alone (GT_HTTP_EVENT_HEAD).
+			var ev HTTPEvent
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ev)), HTTPEventSize), raw)
 			r.mu.Lock()
 			r.evs = append(r.evs, ev)
 			r.mu.Unlock()

@@ -43,6 +43,8 @@ type Sources struct {
 	// RingbufReserveFailures counts records lost because the ring buffer was
 	// full.
 	RingbufReserveFailures func() uint64
+	// RecordsRead counts ring-buffer records the agent has read.
+	RecordsRead func() uint64
 	// KernelCounters are other kernel statistics by reason: not_http,
 	// parse_error, resync, ...
 	KernelCounters func() map[string]uint64
@@ -171,6 +173,8 @@ var (
 		"Kernel HTTP events dropped by the span-group gate before any ring-buffer reservation, per span group.", []string{"group"}, nil)
 	descRingbuf = prometheus.NewDesc("gymtrace_ringbuf_reserve_failures_total",
 		"Ring-buffer reservations that failed because the buffer was full (records lost).", nil, nil)
+	descRecords = prometheus.NewDesc("gymtrace_ringbuf_records_read_total",
+		"Records read from the kernel's ring buffer (HTTP messages and process events).", nil, nil)
 	descKernel = prometheus.NewDesc("gymtrace_kernel_events_total",
 		"Other kernel-side counters by reason (not_http, parse_error, resync, ...).", []string{"reason"}, nil)
 	descBuilt = prometheus.NewDesc("gymtrace_spans_built_total",
@@ -197,7 +201,7 @@ var (
 type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descKernel, descBuilt,
+	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descBuilt,
 		descUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descReady} {
 		ch <- d
 	}
@@ -226,6 +230,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	perLabel(descKernel, src.KernelCounters)
 	perLabel(descBuilt, src.SpansBuilt)
 	counter(descRingbuf, src.RingbufReserveFailures)
+	counter(descRecords, src.RecordsRead)
 	counter(descUnresolved, src.ParentUnresolved)
 	if src.Export != nil {
 		s := src.Export()

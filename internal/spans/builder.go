@@ -336,8 +336,27 @@ func (b *Builder) publish(in *inbound) {
 	}
 	r := n.root()
 	r.published = true
+	if in.server != nil && r == in.server && in.hasTP && kernelPublished(in.x, r) {
+		// The kernel published this trace itself when it parsed the
+		// request's traceparent (bpf/inject.h, gt_inject_inbound): the same
+		// trace id and sampled bit, so two map syscalls per request are
+		// saved. The entry ages out of the LRU map.
+		return
+	}
 	in.pub = true
 	b.opt.Inject.Publish(in.x.ConnID, in.x.Seq, r.traceID, n.id, r.sampled)
+}
+
+// kernelPublished reports whether the kernel's own publication of an
+// inbound request's trace (version-00 traceparent, the server group on)
+// matches what userspace decided for root r.
+func kernelPublished(x *http.Exchange, r *node) bool {
+	tp := x.Traceparent
+	if len(tp) != 55 || tp[0] != '0' || tp[1] != '0' || tp[2] != '-' {
+		return false
+	}
+	sc, ok := ParseTraceparent(tp)
+	return ok && sc.TraceID() == r.traceID && sc.SpanID() == r.remote && sc.IsSampled() == r.sampled
 }
 
 // BindContext records that the asyncio Context ctx of process pid runs on

@@ -85,12 +85,13 @@ func loadKernel(t *testing.T) *kernel {
 			if err != nil {
 				return
 			}
-			if len(rec.RawSample) < int(unsafe.Sizeof(testbpf.Event{})) {
+			// Responses are the record's head alone (GT_HTTP_EVENT_HEAD).
+			if len(rec.RawSample) < int(unsafe.Offsetof(testbpf.Event{}.Path)) {
 				continue
 			}
 			var e rawEvent
 			e.raw = append([]byte(nil), rec.RawSample...)
-			e.ev = *(*testbpf.Event)(unsafe.Pointer(&e.raw[0]))
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&e.ev)), unsafe.Sizeof(e.ev)), e.raw)
 			k.mu.Lock()
 			k.events = append(k.events, e)
 			k.mu.Unlock()

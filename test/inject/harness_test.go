@@ -137,7 +137,8 @@ func (k *kernel) read() {
 			return
 		}
 		var ev testbpf.Event
-		if k.discard.Load() || len(rec.RawSample) < int(unsafe.Sizeof(ev)) {
+		// Responses are the record's head alone (GT_HTTP_EVENT_HEAD).
+		if k.discard.Load() || len(rec.RawSample) < int(unsafe.Offsetof(ev.Path)) {
 			continue
 		}
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&ev)), unsafe.Sizeof(ev)), rec.RawSample)

@@ -80,9 +80,9 @@ func TestOverloadBurst(t *testing.T) {
 		t.Errorf("the traced workload saw errors under the burst: %d non-2xx, %d socket errors\n%s", w.non2xx, w.socketErrors, w.raw)
 	}
 
-	// Each request is two records (request, response); the ring holds
-	// ringBytes/record of them.
-	capacity := ringBytes / (loader.HTTPEventSize + 8)
+	// Each request is two records (a request record and a response head);
+	// the ring holds ringBytes/(both) exchanges.
+	capacity := 2 * ringBytes / (loader.HTTPEventSize + loader.HTTPEventHeadSize + 16)
 	records := 2 * w.requests
 	if records < 10*capacity {
 		t.Fatalf("the burst was only %d records for a %d-record ring buffer; wanted at least 10x", records, capacity)

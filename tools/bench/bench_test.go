@@ -170,7 +170,7 @@ func syntheticReport() *Report {
 		rep.Raw.Workload = append(rep.Raw.Workload,
 			wlRun{Config: "untraced", Round: r, Rollouts: 100, OK: 100, RolloutsPerS: 50 + float64(r), P50Ms: 80, P99Ms: 120, Requests: 900, StackCPUMs: 1000, TargetHits: 5400},
 			wlRun{Config: "default", Round: r, Rollouts: 100, OK: 100, RolloutsPerS: (50 + float64(r)) * 0.97, P50Ms: 82, P99Ms: 126,
-				Requests: 900, StackCPUMs: 1050, TracerCPUMs: 20, RingBytes: 100 * 34 * ringbufRecordBytes(), SpansBuilt: 1800, TargetHits: 5400,
+				Requests: 900, StackCPUMs: 1050, TracerCPUMs: 20, RingBytes: 100 * 34 * ringbufRecordBytes(), Records: 100 * 34, SpansBuilt: 1800, TargetHits: 5400,
 				Progs: []progDelta{{ID: 1, Name: "gt_exit_sendto", Type: "TracePoint", Hits: 10000, RuntimeNs: 10000*100 + 3000*2000,
 					TargetHits: 3000, IdleHits: 1000, IdleRuntimeNs: 100000}}})
 	}

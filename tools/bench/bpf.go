@@ -105,8 +105,9 @@ func ringbufProducerPos(mapID uint32) (uint64, error) {
 	return binary.NativeEndian.Uint64(mem[:8]), nil
 }
 
-// ringbufRecordBytes is the ring-buffer footprint of one gymtrace record:
-// the 8-byte header plus the fixed-size http_event, rounded up to 8 bytes.
+// ringbufRecordBytes is the ring-buffer footprint of one request record:
+// the 8-byte header plus the whole http_event, rounded up to 8 bytes
+// (responses carry only its head, loader.HTTPEventHeadSize).
 func ringbufRecordBytes() uint64 {
 	return uint64((loader.HTTPEventSize + 8 + 7) &^ 7)
 }

@@ -182,7 +182,7 @@ func capOnce(ctx context.Context, o capOptions, dir, exporter string, rate, rep,
 	run.SpansExported = d("gymtrace_spans_exported_total")
 	run.SpansDropped = d("gymtrace_spans_dropped_total") + d("gymtrace_spans_export_failed_total")
 	run.RingbufFailed = d("gymtrace_ringbuf_reserve_failures_total")
-	run.Records = float64(k1.RingPos-k0.RingPos) / float64(ringbufRecordBytes())
+	run.Records = d("gymtrace_ringbuf_records_read_total")
 	run.TracerCPUMs = float64(k1.Usage.CPU-k0.Usage.CPU) / 1e6
 	run.TracerPeakRSS = k1.Usage.HWMBytes
 	if w.Seconds > 0 {

@@ -197,7 +197,6 @@ func (rep *Report) analyseWorkload() {
 		byRound[r.Config][r.Round] = r
 	}
 	base := byRound["untraced"]
-	rec := float64(ringbufRecordBytes())
 	for _, cfg := range workloadConfigs {
 		rounds := byRound[cfg.Name]
 		if rounds == nil {
@@ -205,7 +204,7 @@ func (rep *Report) analyseWorkload() {
 		}
 		row := WorkloadRow{Config: cfg.Name, Target: throughputTargets[cfg.Name]}
 		var thr, p50, p99, scpu, ebpf, rps, p50ms, p99ms []float64
-		var rollouts, requests, hits, spans, ringBytes, tracerCPU, stackBase, failed, hwm, hostRT float64
+		var rollouts, requests, hits, spans, ringBytes, records, tracerCPU, stackBase, failed, hwm, hostRT float64
 		for r, run := range rounds {
 			b, ok := base[r]
 			if run.Invalid != "" || (ok && b.Invalid != "") {
@@ -236,6 +235,7 @@ func (rep *Report) analyseWorkload() {
 			hits += float64(run.TargetHits)
 			spans += run.SpansBuilt
 			ringBytes += float64(run.RingBytes)
+			records += run.Records
 			tracerCPU += run.TracerCPUMs
 			failed += run.RingbufFailed
 			hwm = math.Max(hwm, float64(run.TracerHWMB)/1e6)
@@ -252,7 +252,7 @@ func (rep *Report) analyseWorkload() {
 			row.Throughput, row.P50, row.P99, row.StackCPU = RatioCI(thr), RatioCI(p50), RatioCI(p99), RatioCI(scpu)
 			row.EBPFNsPerReq = MeanCI(ebpf)
 			row.SpansPerRoll = spans / rollouts
-			row.RecordsPerRoll = ringBytes / rec / rollouts
+			row.RecordsPerRoll = records / rollouts
 			row.BytesPerRoll = ringBytes / rollouts
 			row.TracerCPUMsRoll = tracerCPU / rollouts
 			if stackBase > 0 {

@@ -110,6 +110,7 @@ type wlRun struct {
 	Progs         []progDelta `json:"programs,omitempty"`
 	TargetHits    uint64      `json:"target_syscall_hits"` // the servers' syscalls on gymtrace's hooks
 	RingBytes     uint64      `json:"ring_bytes,omitempty"`
+	Records       float64     `json:"records,omitempty"` // ring-buffer records the agent read
 	GateFlags     uint32      `json:"gate_flags,omitempty"`
 	TracerCPUMs   float64     `json:"tracer_cpu_ms,omitempty"`
 	TracerHWMB    uint64      `json:"tracer_peak_rss_bytes,omitempty"`
@@ -418,6 +419,7 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 	run.TracerHWMB = k1.Usage.HWMBytes
 	run.SpansBuilt = m1.Sum("gymtrace_spans_built_total") - m0.Sum("gymtrace_spans_built_total")
 	run.RingbufFailed = m1.Sum("gymtrace_ringbuf_reserve_failures_total") - m0.Sum("gymtrace_ringbuf_reserve_failures_total")
+	run.Records = m1.Sum("gymtrace_ringbuf_records_read_total") - m0.Sum("gymtrace_ringbuf_records_read_total")
 	if err := gt.stop(15 * time.Second); err != nil {
 		return run, fmt.Errorf("stopping gymtrace: %w", err)
 	}

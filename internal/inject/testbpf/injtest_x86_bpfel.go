@@ -66,7 +66,8 @@ type injtestGtConn struct {
 	Partial     [14]uint8
 	CarryLen    uint8
 	CarryDir    uint8
-	Pad3        [6]uint8
+	ServedNoted uint8
+	Pad3        [5]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -156,13 +157,9 @@ const (
 )
 
 type injtestGtInjScan struct {
-	_       structs.HostLayout
-	Ls      uint32
-	LineEnd uint32
-	End     int32
-	Tp      uint32
-	Ids     [32]uint8
-	Rec     injtestGtInjectRec
+	_   structs.HostLayout
+	Ids [32]uint8
+	Rec injtestGtInjectRec
 }
 
 type injtestGtInjectCfgFlag uint32
@@ -179,16 +176,21 @@ type injtestGtInjectConfig struct {
 }
 
 type injtestGtInjectRec struct {
-	_       structs.HostLayout
-	Tgid    uint32
-	Fd      int32
-	LineEnd uint32
-	Lport   uint16
-	Rport   uint16
-	State   uint8
-	Pad     [7]uint8
-	Head    [8]uint8
-	Line    [72]uint8
+	_         structs.HostLayout
+	Tgid      uint32
+	Fd        int32
+	LineEnd   uint32
+	Lport     uint16
+	Rport     uint16
+	State     uint8
+	PyOk      uint8
+	Pad       [6]uint8
+	Head      [8]uint8
+	Line      [72]uint8
+	PyCtx     uint64
+	PyRoot    uint64
+	CauseConn uint64
+	CauseSeq  uint64
 }
 
 type injtestGtInjectStat uint32
@@ -208,6 +210,12 @@ const (
 	injtestGtInjectStatGT_INJ_STAT_SOCK_FAIL    injtestGtInjectStat = 11
 	injtestGtInjectStatGT_INJ_STAT_MAX          injtestGtInjectStat = 16
 )
+
+type injtestGtProfSlot struct {
+	_  structs.HostLayout
+	Ns uint64
+	N  uint64
+}
 
 type injtestGtPyLink struct {
 	_       structs.HostLayout
@@ -275,12 +283,15 @@ type injtestGtScratch struct {
 		Upgrade   uint8
 		HostFound uint8
 		TpFound   uint8
-		Pad       [3]uint8
+		TpAny     uint8
+		Pad       [2]uint8
 		Cl        int64
 		HostAt    uint32
+		HostLen   uint32
 		TpAt      uint32
 		NlCount   uint32
 		LastNl    uint32
+		_         [4]byte
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -421,6 +432,7 @@ const (
 	injtestMapGtInjectServing       = "gt_inject_serving"
 	injtestMapGtInjectSocks         = "gt_inject_socks"
 	injtestMapGtInjectStats         = "gt_inject_stats"
+	injtestMapGtProf                = "gt_prof"
 	injtestMapGtPyLinks             = "gt_py_links"
 	injtestMapGtPyProcs             = "gt_py_procs"
 	injtestMapGtPySpawners          = "gt_py_spawners"
@@ -459,6 +471,7 @@ const (
 	injtestVarGtContractTarget      = "gt_contract_target"
 	injtestVarGtNextConnId          = "gt_next_conn_id"
 	injtestVarGtProfSkip            = "gt_prof_skip"
+	injtestVarGtProfTime            = "gt_prof_time"
 	injtestVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
 
@@ -536,6 +549,7 @@ type injtestMapSpecs struct {
 	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
+	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
 	GtPySpawners    *ebpf.MapSpec `ebpf:"gt_py_spawners"`
@@ -565,6 +579,7 @@ type injtestVariableSpecs struct {
 	GtContractTarget     *ebpf.VariableSpec `ebpf:"gt_contract_target"`
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
 	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -599,6 +614,7 @@ type injtestMaps struct {
 	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
+	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
 	GtPySpawners    *ebpf.Map `ebpf:"gt_py_spawners"`
@@ -627,6 +643,7 @@ func (m *injtestMaps) Close() error {
 		m.GtInjectServing,
 		m.GtInjectSocks,
 		m.GtInjectStats,
+		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
 		m.GtPySpawners,
@@ -657,6 +674,7 @@ type injtestVariables struct {
 	GtContractTarget     *ebpf.Variable `ebpf:"gt_contract_target"`
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
 	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 

@@ -66,7 +66,8 @@ type pytestGtConn struct {
 	Partial     [14]uint8
 	CarryLen    uint8
 	CarryDir    uint8
-	Pad3        [6]uint8
+	ServedNoted uint8
+	Pad3        [5]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -122,6 +123,12 @@ type pytestGtConnKey struct {
 	_    structs.HostLayout
 	Tgid uint32
 	Fd   int32
+}
+
+type pytestGtProfSlot struct {
+	_  structs.HostLayout
+	Ns uint64
+	N  uint64
 }
 
 type pytestGtPyLink struct {
@@ -206,12 +213,15 @@ type pytestGtScratch struct {
 		Upgrade   uint8
 		HostFound uint8
 		TpFound   uint8
-		Pad       [3]uint8
+		TpAny     uint8
+		Pad       [2]uint8
 		Cl        int64
 		HostAt    uint32
+		HostLen   uint32
 		TpAt      uint32
 		NlCount   uint32
 		LastNl    uint32
+		_         [4]byte
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -263,6 +273,7 @@ const (
 	pytestMapGtConfig          = "gt_config"
 	pytestMapGtConns           = "gt_conns"
 	pytestMapGtEvents          = "gt_events"
+	pytestMapGtProf            = "gt_prof"
 	pytestMapGtPyLinks         = "gt_py_links"
 	pytestMapGtPyProcs         = "gt_py_procs"
 	pytestMapGtPySpawners      = "gt_py_spawners"
@@ -285,6 +296,7 @@ const (
 	pytestProgPytestWrite      = "pytest_write"
 	pytestVarGtNextConnId      = "gt_next_conn_id"
 	pytestVarGtProfSkip        = "gt_prof_skip"
+	pytestVarGtProfTime        = "gt_prof_time"
 	pytestVarGtWakeupBytes     = "gt_wakeup_bytes"
 	pytestVarPytestSink        = "pytest_sink"
 	pytestVarUnusedPyLink      = "unused_py_link"
@@ -352,6 +364,7 @@ type pytestMapSpecs struct {
 	GtConfig       *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns        *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents       *ebpf.MapSpec `ebpf:"gt_events"`
+	GtProf         *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks      *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs      *ebpf.MapSpec `ebpf:"gt_py_procs"`
 	GtPySpawners   *ebpf.MapSpec `ebpf:"gt_py_spawners"`
@@ -373,6 +386,7 @@ type pytestMapSpecs struct {
 type pytestVariableSpecs struct {
 	GtNextConnId      *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip        *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime        *ebpf.VariableSpec `ebpf:"gt_prof_time"`
 	GtWakeupBytes     *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 	PytestSink        *ebpf.VariableSpec `ebpf:"pytest_sink"`
 	UnusedPyLink      *ebpf.VariableSpec `ebpf:"unused_py_link"`
@@ -405,6 +419,7 @@ type pytestMaps struct {
 	GtConfig       *ebpf.Map `ebpf:"gt_config"`
 	GtConns        *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents       *ebpf.Map `ebpf:"gt_events"`
+	GtProf         *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks      *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs      *ebpf.Map `ebpf:"gt_py_procs"`
 	GtPySpawners   *ebpf.Map `ebpf:"gt_py_spawners"`
@@ -425,6 +440,7 @@ func (m *pytestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
 		m.GtPySpawners,
@@ -447,6 +463,7 @@ func (m *pytestMaps) Close() error {
 type pytestVariables struct {
 	GtNextConnId      *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip        *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime        *ebpf.Variable `ebpf:"gt_prof_time"`
 	GtWakeupBytes     *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 	PytestSink        *ebpf.Variable `ebpf:"pytest_sink"`
 	UnusedPyLink      *ebpf.Variable `ebpf:"unused_py_link"`

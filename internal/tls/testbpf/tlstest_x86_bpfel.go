@@ -66,7 +66,8 @@ type tlstestGtConn struct {
 	Partial     [14]uint8
 	CarryLen    uint8
 	CarryDir    uint8
-	Pad3        [6]uint8
+	ServedNoted uint8
+	Pad3        [5]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -155,6 +156,12 @@ const (
 	tlstestGtEventKindGT_EV_SANDBOX_END   tlstestGtEventKind = 8
 )
 
+type tlstestGtProfSlot struct {
+	_  structs.HostLayout
+	Ns uint64
+	N  uint64
+}
+
 type tlstestGtPyLink struct {
 	_       structs.HostLayout
 	Parent  uint64
@@ -221,12 +228,15 @@ type tlstestGtScratch struct {
 		Upgrade   uint8
 		HostFound uint8
 		TpFound   uint8
-		Pad       [3]uint8
+		TpAny     uint8
+		Pad       [2]uint8
 		Cl        int64
 		HostAt    uint32
+		HostLen   uint32
 		TpAt      uint32
 		NlCount   uint32
 		LastNl    uint32
+		_         [4]byte
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -353,6 +363,7 @@ const (
 	tlstestMapGtConfig            = "gt_config"
 	tlstestMapGtConns             = "gt_conns"
 	tlstestMapGtEvents            = "gt_events"
+	tlstestMapGtProf              = "gt_prof"
 	tlstestMapGtPyLinks           = "gt_py_links"
 	tlstestMapGtPyProcs           = "gt_py_procs"
 	tlstestMapGtPySpawners        = "gt_py_spawners"
@@ -387,6 +398,7 @@ const (
 	tlstestVarGtContractTarget    = "gt_contract_target"
 	tlstestVarGtNextConnId        = "gt_next_conn_id"
 	tlstestVarGtProfSkip          = "gt_prof_skip"
+	tlstestVarGtProfTime          = "gt_prof_time"
 	tlstestVarGtWakeupBytes       = "gt_wakeup_bytes"
 )
 
@@ -454,6 +466,7 @@ type tlstestMapSpecs struct {
 	GtConfig     *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
+	GtProf       *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
 	GtPySpawners *ebpf.MapSpec `ebpf:"gt_py_spawners"`
@@ -481,6 +494,7 @@ type tlstestVariableSpecs struct {
 	GtContractTarget    *ebpf.VariableSpec `ebpf:"gt_contract_target"`
 	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime          *ebpf.VariableSpec `ebpf:"gt_prof_time"`
 	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -507,6 +521,7 @@ type tlstestMaps struct {
 	GtConfig     *ebpf.Map `ebpf:"gt_config"`
 	GtConns      *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents     *ebpf.Map `ebpf:"gt_events"`
+	GtProf       *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
 	GtPySpawners *ebpf.Map `ebpf:"gt_py_spawners"`
@@ -527,6 +542,7 @@ func (m *tlstestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
 		m.GtPySpawners,
@@ -555,6 +571,7 @@ type tlstestVariables struct {
 	GtContractTarget    *ebpf.Variable `ebpf:"gt_contract_target"`
 	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime          *ebpf.Variable `ebpf:"gt_prof_time"`
 	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 
