@@ -118,11 +118,10 @@ struct {
 	__type(value, __u8);
 } gt_inject_serving SEC(".maps");
 
-// Is injection on? (The parser wakes the reader for inbound requests then.)
-// Processes that own at least one socket injection can write to. Only their
-// inbound requests are worth a reader wakeup (a wakeup costs the traced
-// syscall ~13 us; see gt_submit): a process whose outbound connections all
-// predate gymtrace never gets a header, so its records can wait for the poll.
+// Processes that own at least one socket injection can write to. Only
+// their inbound requests need a trace published for their handlers' calls
+// (gt_inject_root): a process whose outbound connections all predate
+// gymtrace never gets a header.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -467,7 +466,7 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 }
 
 
-static __always_inline int gt_inject_wake(__u32 tgid)
+static __always_inline int gt_inject_proc(__u32 tgid)
 {
 	struct gt_inject_config *icfg = gt_inj_cfg();
 	return icfg && (icfg->flags & GT_INJ_ON) && bpf_map_lookup_elem(&gt_inject_procs, &tgid);
@@ -532,6 +531,85 @@ __noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io)
 	v.flags = st->ids[24] & 1;
 	// Userspace's entry, if it came first, is the authority.
 	bpf_map_update_elem(&gt_trace_ctxs, &k, &v, BPF_NOEXIST);
+	return 0;
+}
+
+// Targets' client connections by their tuple, so a server request can tell
+// that its caller is a target on this host (see gt_emit_request). The key is
+// the pair of endpoints, client first, as both ends see it.
+struct gt_pair_key {
+	__u8 caddr[16];
+	__u8 saddr[16];
+	__u16 cport;
+	__u16 sport;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gt_pair_key);
+	__type(value, __u8);
+} gt_inject_pairs SEC(".maps");
+
+// op: GT_PAIR_ADD (c is a client connection), GT_PAIR_DEL (it closes),
+// GT_PAIR_LOOKUP (c is a server connection: is its client a target's?).
+__noinline int gt_inject_pair(struct gt_conn *c, int op)
+{
+	if (!c)
+		return 0;
+	struct gt_inject_config *icfg = gt_inj_cfg();
+	if (!icfg || !(icfg->flags & GT_INJ_ON))
+		return 0;
+	struct gt_pair_key k = {};
+	if (op == GT_PAIR_LOOKUP) {
+		__builtin_memcpy(k.caddr, c->tuple.raddr, 16);
+		__builtin_memcpy(k.saddr, c->tuple.laddr, 16);
+		k.cport = c->tuple.rport;
+		k.sport = c->tuple.lport;
+		return bpf_map_lookup_elem(&gt_inject_pairs, &k) != 0;
+	}
+	__builtin_memcpy(k.caddr, c->tuple.laddr, 16);
+	__builtin_memcpy(k.saddr, c->tuple.raddr, 16);
+	k.cport = c->tuple.lport;
+	k.sport = c->tuple.rport;
+	if (op == GT_PAIR_DEL) {
+		bpf_map_delete_elem(&gt_inject_pairs, &k);
+	} else {
+		__u8 one = 1;
+		bpf_map_update_elem(&gt_inject_pairs, &k, &one, BPF_ANY);
+	}
+	return 0;
+}
+
+// Starts a trace for server request c->req, which carried no traceparent,
+// and publishes it for the calls its handler makes (gt_inject_decide finds
+// it by the request's conn and seq). The record tells userspace, which gives
+// the request's root span this trace (GT_F_KERNEL_TRACE); should it decide
+// otherwise (a same-node caller it joins by connection), its own publication
+// replaces this one. The sampled bit follows the rule userspace's sampler
+// applies to a new trace (root_bound, see struct gt_inject_config).
+__noinline int gt_inject_root(struct gt_conn *c)
+{
+	if (!c)
+		return 0;
+	struct gt_inject_config *cfg = gt_inj_cfg();
+	if (!cfg || !(cfg->flags & GT_INJ_ON))
+		return 0;
+	struct gt_trace_ctx v = {};
+	__u32 w2 = bpf_get_prandom_u32(), w3 = bpf_get_prandom_u32() | 1;
+	*(__u32 *)&v.trace_id[0] = bpf_get_prandom_u32();
+	*(__u32 *)&v.trace_id[4] = bpf_get_prandom_u32();
+	*(__u32 *)&v.trace_id[8] = w2;
+	*(__u32 *)&v.trace_id[12] = w3;
+	__u64 lo = (__u64)bpf_ntohl(w2) << 32 | bpf_ntohl(w3);
+	v.flags = (lo >> 1) < cfg->root_bound;
+	struct gt_trace_key k = {.conn = c->conn_id, .seq = c->req.seq};
+	if (bpf_map_update_elem(&gt_trace_ctxs, &k, &v, BPF_NOEXIST))
+		return 0; // already published: leave the record without a kernel trace
+	__builtin_memcpy(c->req.traceparent, v.trace_id, 16);
+	c->req.traceparent[16] = v.flags;
+	c->req.flags |= GT_F_KERNEL_TRACE;
 	return 0;
 }
 

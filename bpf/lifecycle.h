@@ -8,7 +8,9 @@
 // - Execs of Gym's collector entry points are reported so discovery can pick
 //   them up at once (gym.job starts at exec).
 // These tracepoints fire on every fork/exec/exit of the host; each returns
-// after one bitmap test unless a target is involved.
+// after one bitmap test unless a target is involved. Their records wake the
+// reader (they are rare, and a new target should be set up at once; HTTP
+// records wait for the reader's poll).
 #pragma once
 
 #include "common/util.h"
@@ -116,7 +118,7 @@ int gt_fork(struct bpf_raw_tracepoint_args *ctx)
 	e->cause_conn = cause.conn;
 	e->cause_seq = cause.seq;
 	BPF_CORE_READ_STR_INTO(&e->comm, parent, comm);
-	gt_submit(e);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }
 
@@ -251,7 +253,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 			return 0;
 		e->pid = tgid;
 		bpf_get_current_comm(&e->comm, sizeof(e->comm));
-		gt_submit(e);
+		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 		return 0;
 	}
 
@@ -290,7 +292,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 				e->start_ns = sb.start_ns;
 				e->cause_conn = sb.cause.conn;
 				e->cause_seq = sb.cause.seq;
-				gt_submit(e);
+				bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 			}
 		} else {
 			gt_stat_add(GT_STAT_DISCARDED + 7, 1);
@@ -304,7 +306,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 	e->pid = tgid;
 	e->role = t ? t->role : 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	gt_submit(e);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }
 
@@ -332,7 +334,7 @@ int gt_exit(void *ctx)
 			e->exit_code = status;
 			e->cause_conn = sb->cause.conn;
 			e->cause_seq = sb->cause.seq;
-			gt_submit(e);
+			bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 		}
 		bpf_map_delete_elem(&gt_sandboxes, &tgid);
 		bpf_map_delete_elem(&gt_fork_causes, &tgid);
@@ -350,6 +352,6 @@ int gt_exit(void *ctx)
 	e->pid = tgid;
 	e->exit_code = status;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	gt_submit(e);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }

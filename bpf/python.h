@@ -202,12 +202,16 @@ static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u6
 		status = GT_PY_NO_CONTEXT;
 		goto out;
 	}
-	if (!gt_py_is_context(p, c)) {
+	struct gt_py_link *l;
+	__u64 id = gt_py_ctx_id(c, &l);
+	// A context the copy probe saw born is known to be one; only an
+	// unknown pointer costs the type check (a wrong offset table, a stale
+	// pointer).
+	if (!l && !gt_py_is_context(p, c)) {
 		status = GT_PY_BAD_CONTEXT;
 		goto out;
 	}
-	struct gt_py_link *l;
-	*ctx = gt_py_ctx_id(c, &l);
+	*ctx = id;
 	if (l)
 		*root = l->root;
 out:

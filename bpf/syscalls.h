@@ -58,7 +58,12 @@ struct gt_msghdr {
 // past the limit).
 __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io);
 __noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io);
-static __always_inline int gt_inject_wake(__u32 tgid);
+__noinline int gt_inject_root(struct gt_conn *c);
+#define GT_PAIR_ADD 0
+#define GT_PAIR_DEL 1
+#define GT_PAIR_LOOKUP 2
+__noinline int gt_inject_pair(struct gt_conn *c, int op);
+static __always_inline int gt_inject_proc(__u32 tgid);
 #endif
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
@@ -83,6 +88,26 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	if (c->skip_ring & (1ULL << (c->req.seq & 63)))
 		return; // decided after the gate: not sampled upstream
 	__u64 t0 = gt_prof_begin();
+#ifdef GT_INJECT
+	// Injection: the calls this request's handler makes must carry its
+	// trace before userspace has seen the request (records wait for the
+	// reader's poll). A request that carried traceparent was published when
+	// its headers were parsed; for one that did not, in a process whose
+	// calls can be injected, the kernel starts the trace itself, here, in
+	// the syscall that completes the request (so before the handler runs),
+	// and userspace adopts it. No reader wakeup is needed.
+	int wake = 0;
+	if (c->side == GT_SIDE_SERVER && !(c->req.flags & GT_F_TRACEPARENT) && gt_inject_proc(io->tgid)) {
+		// A traced caller on this host whose call went without a header
+		// (its connection predates gymtrace): userspace joins the request
+		// to the caller's trace by the connection's tuple and publishes
+		// that; wake it rather than publish a trace it will replace.
+		if (gt_inject_pair(c, GT_PAIR_LOOKUP))
+			wake = 1;
+		else
+			gt_inject_root(c);
+	}
+#endif
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
@@ -93,12 +118,9 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	e->end_ns = io->now;
 	e->body_len = d->body_len;
 #ifdef GT_INJECT
-	// Injection: userspace must see an inbound request before its handler's
-	// first call to publish its trace (bpf/inject.h); don't let it wait for
-	// the next poll. A request that carried traceparent needs no wait.
-	if (c->side == GT_SIDE_SERVER && !(e->flags & GT_F_TRACEPARENT) && gt_inject_wake(io->tgid)) {
+	if (wake)
 		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
-	} else
+	else
 #endif
 	gt_submit(e);
 	c->emitted_ring |= 1ULL << (c->req.seq & 63);
@@ -237,10 +259,10 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 	c->carry_len = 0;
 	if (carry)
 		__builtin_memcpy(sc->buf, c->carry, GT_CARRY);
-	// Most header blocks fit in 1 KiB: read that much first, and the rest of
+	// Most header blocks fit in 512 bytes: read that much first, and the rest of
 	// the window only when the block goes on.
 	__u32 max = avail > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : avail;
-	__u32 nr = max > 1024 ? 1024 : max;
+	__u32 nr = max > 512 ? 512 : max;
 	__u32 n = 0;
 #pragma unroll
 	for (int attempt = 0; attempt < 2; attempt++) {
@@ -701,6 +723,10 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 			c->dir[1].is_req = side == GT_SIDE_CLIENT;
 			if (c->started)
 				gt_stat_add(GT_STAT_RESYNC, 1);
+#ifdef GT_INJECT
+			if (side == GT_SIDE_CLIENT)
+				gt_inject_pair(c, GT_PAIR_ADD);
+#endif
 		}
 		if ((kind == GT_START_REQUEST) != d->is_req) {
 			d->phase = GT_PH_SKIP;
@@ -1023,6 +1049,10 @@ int gt_enter_close(struct trace_event_raw_sys_enter *ctx)
 		} else if (gt_in_flight(c)) {
 			gt_emit_close(c, &io, 0);
 		}
+#ifdef GT_INJECT
+		if (c->side == GT_SIDE_CLIENT)
+			gt_inject_pair(c, GT_PAIR_DEL);
+#endif
 	}
 	bpf_map_delete_elem(&gt_conns, &key);
 	return 0;

@@ -82,6 +82,9 @@ enum gt_event_flag {
 	GT_F_BODY_UNKNOWN = 1 << 10,   // framing was lost; the message end is approximate
 	GT_F_TLS = 1 << 11,            // plaintext read through TLS library probes (https)
 	GT_F_INJECTED = 1 << 12,       // (client requests) traceparent[] was inserted by gymtrace (bpf/inject.h)
+	GT_F_KERNEL_TRACE = 1 << 13,   // (server requests) the kernel started a trace for this request and
+				       // published it for injection: traceparent[0:16] is its raw trace id,
+				       // traceparent[16] its sampled bit (bpf/inject.h, gt_inject_root)
 };
 
 // Statistics slots of the per-CPU counter array gt_stats.

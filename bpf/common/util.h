@@ -91,15 +91,25 @@ static __always_inline struct gt_config *gt_cfg(void)
 	return bpf_map_lookup_elem(&gt_config, &zero);
 }
 
-// Count an exchange per group: emitted for enabled bits, discarded for the rest.
+// Bit index of a power of two below 2^16 (a de Bruijn sequence: BPF has no
+// count-trailing-zeros instruction).
+static const __u8 gt_debruijn16[16] = {0, 1, 11, 2, 14, 12, 8, 3, 15, 10, 13, 7, 9, 6, 5, 4};
+
+// Count an exchange per group: emitted for enabled bits, discarded for the
+// rest. One step per set bit (an exchange has one to three groups), not per
+// group.
 static __always_inline void gt_count_groups(__u64 groups, __u64 mask)
 {
-	int b;
-	gt_for(b, 0, GT_GROUP_COUNT)
+	__u32 g = groups & ((1U << GT_GROUP_COUNT) - 1);
+	int i;
+	gt_for(i, 0, GT_GROUP_COUNT)
 	{
-		__u64 bit = 1ULL << (b & 63);
-		if (groups & bit)
-			gt_stat_add(((mask & bit) ? GT_STAT_EMITTED : GT_STAT_DISCARDED) + (b & 15), 1);
+		if (!g)
+			break;
+		__u32 bit = g & -g;
+		g &= g - 1;
+		__u32 b = gt_debruijn16[((bit * 0x0F65U) >> 12) & 15];
+		gt_stat_add(((mask & bit) ? GT_STAT_EMITTED : GT_STAT_DISCARDED) + (b & 15), 1);
 	}
 }
 

@@ -187,6 +187,10 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		CauseSeq:    ev.CauseSeq,
 	}
 	x.Local, x.Remote = Tuple(ev)
+	if ev.Flags&loader.FlagKernelTrace != 0 && ev.Flags&loader.FlagTraceparent == 0 && ev.Side == loader.SideServer {
+		copy(x.KernelTrace[:], ev.Traceparent[:16])
+		x.KernelSampled = ev.Traceparent[16]&1 != 0
+	}
 	c.q = append(c.q, x)
 	c.live++
 	h.RequestStarted(x)

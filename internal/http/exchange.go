@@ -82,6 +82,11 @@ type Exchange struct {
 	Path        string // request path, never a query string
 	Host        string // Host header value, "" when absent
 	Traceparent string // raw traceparent header value, "" when absent (not validated here)
+	// Server requests without traceparent in a process whose calls gymtrace
+	// injects: the trace the kernel started and published for the
+	// handler's calls (loader.FlagKernelTrace), and its sampled bit.
+	KernelTrace   [16]byte
+	KernelSampled bool
 	Rollout     Rollout
 
 	Status int // response status code, 0 when no response was seen

@@ -154,6 +154,7 @@ const (
 	bpfGtEventFlagGT_F_BODY_UNKNOWN   bpfGtEventFlag = 1024
 	bpfGtEventFlagGT_F_TLS            bpfGtEventFlag = 2048
 	bpfGtEventFlagGT_F_INJECTED       bpfGtEventFlag = 4096
+	bpfGtEventFlagGT_F_KERNEL_TRACE   bpfGtEventFlag = 8192
 )
 
 type bpfGtEventKind uint32
@@ -238,6 +239,15 @@ const (
 	bpfGtMethodGT_M_CONNECT bpfGtMethod = 8
 	bpfGtMethodGT_M_TRACE   bpfGtMethod = 9
 )
+
+type bpfGtPairKey struct {
+	_     structs.HostLayout
+	Caddr [16]uint8
+	Saddr [16]uint8
+	Cport uint16
+	Sport uint16
+	Pad   uint32
+}
 
 type bpfGtProfSection uint32
 
@@ -557,6 +567,7 @@ const (
 	bpfMapGtEvents              = "gt_events"
 	bpfMapGtForkCauses          = "gt_fork_causes"
 	bpfMapGtInjectConfig        = "gt_inject_config"
+	bpfMapGtInjectPairs         = "gt_inject_pairs"
 	bpfMapGtInjectPending       = "gt_inject_pending"
 	bpfMapGtInjectProcs         = "gt_inject_procs"
 	bpfMapGtInjectRecs          = "gt_inject_recs"
@@ -701,6 +712,7 @@ type bpfMapSpecs struct {
 	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
 	GtForkCauses    *ebpf.MapSpec `ebpf:"gt_fork_causes"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
+	GtInjectPairs   *ebpf.MapSpec `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
 	GtInjectProcs   *ebpf.MapSpec `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.MapSpec `ebpf:"gt_inject_recs"`
@@ -777,6 +789,7 @@ type bpfMaps struct {
 	GtEvents        *ebpf.Map `ebpf:"gt_events"`
 	GtForkCauses    *ebpf.Map `ebpf:"gt_fork_causes"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
+	GtInjectPairs   *ebpf.Map `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
 	GtInjectProcs   *ebpf.Map `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.Map `ebpf:"gt_inject_recs"`
@@ -809,6 +822,7 @@ func (m *bpfMaps) Close() error {
 		m.GtEvents,
 		m.GtForkCauses,
 		m.GtInjectConfig,
+		m.GtInjectPairs,
 		m.GtInjectPending,
 		m.GtInjectProcs,
 		m.GtInjectRecs,

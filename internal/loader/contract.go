@@ -96,6 +96,7 @@ const (
 // Event flags.
 const (
 	FlagTraceparent   = uint16(bpfGtEventFlagGT_F_TRACEPARENT)
+	FlagKernelTrace   = uint16(bpfGtEventFlagGT_F_KERNEL_TRACE)
 	FlagPathTruncated = uint16(bpfGtEventFlagGT_F_PATH_TRUNCATED)
 	FlagEndByClose    = uint16(bpfGtEventFlagGT_F_END_BY_CLOSE)
 	FlagChunked       = uint16(bpfGtEventFlagGT_F_CHUNKED)

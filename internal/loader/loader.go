@@ -351,11 +351,19 @@ func (t *Tracer) ProfTable() []ProfSection {
 	return out
 }
 
-// PollInterval bounds how long a record waits in the ring buffer: records are
-// submitted without waking the reader (a wakeup costs the traced syscall
-// microseconds), so the reader looks every PollInterval, and at once when a
-// quarter of the buffer is pending.
-const PollInterval = 10 * time.Millisecond
+// PollInterval bounds how long a record waits in the ring buffer while
+// records flow: records are submitted without waking the reader (a wakeup
+// costs the traced syscall microseconds), so the reader looks every
+// PollInterval, and at once when a quarter of the buffer is pending. After a
+// poll that found nothing the interval doubles, up to MaxPollInterval, so an
+// idle agent does not wake a hundred times a second; the first record resets
+// it. Nothing waits on a record's latency but export (batched anyway):
+// traces for injection are published by the kernel itself, and process
+// events wake the reader.
+const (
+	PollInterval    = 10 * time.Millisecond
+	MaxPollInterval = 160 * time.Millisecond
+)
 
 // Read delivers ring-buffer records to fn until ctx ends or the tracer is
 // closed; when ctx ends, what is already in the buffer is delivered first.
@@ -364,9 +372,10 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 	var rec ringbuf.Record
 	// The deadline is re-armed only when a poll ran out, not per record:
 	// records already in the buffer are read before an expired deadline is
-	// reported, so none waits longer than PollInterval.
-	t.rd.SetDeadline(time.Now().Add(PollInterval))
-	draining := false
+	// reported.
+	interval := PollInterval
+	t.rd.SetDeadline(time.Now().Add(interval))
+	draining, got := false, false
 	for {
 		if !draining && ctx.Err() != nil {
 			draining = true
@@ -375,12 +384,19 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 		err := t.rd.ReadInto(&rec)
 		switch {
 		case err == nil:
+			got = true
 			fn(rec.RawSample)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			if draining {
 				return nil
 			}
-			t.rd.SetDeadline(time.Now().Add(PollInterval))
+			if got {
+				interval = PollInterval
+			} else {
+				interval = min(2*interval, MaxPollInterval)
+			}
+			got = false
+			t.rd.SetDeadline(time.Now().Add(interval))
 		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
 			return nil
 		default:

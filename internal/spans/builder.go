@@ -64,29 +64,30 @@ type Injector interface {
 // Stats are the Builder's counters, for metrics. Totals since creation, except
 // the Open* gauges.
 type Stats struct {
-	Spans             [groups.Count]uint64 // spans returned, per group bit
-	Unsampled         uint64               // spans built but not returned: their trace was not sampled
-	Truncated         uint64               // spans ended by gymtrace (shutdown, eviction): nemo.span.truncated
-	ParentByContext   uint64               // client requests attributed by asyncio context (sandbox CLIs count in these four too)
-	ParentByNesting   uint64               // client requests attributed as the innermost of one chain of in-flight requests
-	ParentNone        uint64               // client requests with no inbound request in flight: roots
-	ParentAmbiguous   uint64               // client requests with several candidate inbound requests: roots marked unresolved
-	JoinedTuple       uint64               // server spans joined to a client span on this node by connection
-	LateJoins         uint64               // ... of which the client's record arrived after the server's
-	JoinedTraceparent uint64               // server or gym.* spans joined to an in-band traceparent
-	OwnTraceparent    uint64               // client requests that already carried a traceparent (the process's own telemetry)
-	Injected          uint64               // client requests whose traceparent gymtrace inserted: the CLIENT span has its id
-	InjectAdopted     uint64               // ... that started a trace: the kernel's trace id was taken
-	InjectMismatch    uint64               // ... whose inserted trace was not the parent's: the span follows the wire (own trace)
-	Retraced          uint64               // published server requests whose trace changed after publishing (late connection join)
-	BadTraceparent    uint64               // traceparent headers that failed validation (ignored)
-	GymSpanUnresolved uint64               // gym.* spans not made: the process's role is unknown and the route is shared
-	UnknownSide       uint64
-	OpenServer        int // inbound exchanges in flight
-	OpenClient        int // outbound exchanges in flight
-	JoinQueue         int // client requests waiting for a server on this node (or their own response)
-	OpenJobs          int // gym.job spans begun, their collector still running
-	OpenSandboxes     int // gym.sandbox.* spans begun, their CLI still running
+	Spans                [groups.Count]uint64 // spans returned, per group bit
+	Unsampled            uint64               // spans built but not returned: their trace was not sampled
+	Truncated            uint64               // spans ended by gymtrace (shutdown, eviction): nemo.span.truncated
+	ParentByContext      uint64               // client requests attributed by asyncio context (sandbox CLIs count in these four too)
+	ParentByNesting      uint64               // client requests attributed as the innermost of one chain of in-flight requests
+	ParentNone           uint64               // client requests with no inbound request in flight: roots
+	ParentAmbiguous      uint64               // client requests with several candidate inbound requests: roots marked unresolved
+	JoinedTuple          uint64               // server spans joined to a client span on this node by connection
+	LateJoins            uint64               // ... of which the client's record arrived after the server's
+	JoinedTraceparent    uint64               // server or gym.* spans joined to an in-band traceparent
+	OwnTraceparent       uint64               // client requests that already carried a traceparent (the process's own telemetry)
+	Injected             uint64               // client requests whose traceparent gymtrace inserted: the CLIENT span has its id
+	InjectAdopted        uint64               // ... that started a trace: the kernel's trace id was taken
+	InjectMismatch       uint64               // ... whose inserted trace was not the parent's: the span follows the wire (own trace)
+	Retraced             uint64               // published server requests whose trace changed after publishing (late connection join)
+	KernelTraceDisagreed uint64               // kernel-started traces whose sampled bit the sampler did not confirm (published again)
+	BadTraceparent       uint64               // traceparent headers that failed validation (ignored)
+	GymSpanUnresolved    uint64               // gym.* spans not made: the process's role is unknown and the route is shared
+	UnknownSide          uint64
+	OpenServer           int // inbound exchanges in flight
+	OpenClient           int // outbound exchanges in flight
+	JoinQueue            int // client requests waiting for a server on this node (or their own response)
+	OpenJobs             int // gym.job spans begun, their collector still running
+	OpenSandboxes        int // gym.sandbox.* spans begun, their CLI still running
 }
 
 // node is one span that exists (its group was enabled at request time), from
@@ -336,14 +337,14 @@ func (b *Builder) publish(in *inbound) {
 	}
 	r := n.root()
 	r.published = true
-	if in.server != nil && r == in.server && in.hasTP && kernelPublished(in.x, r) {
-		// The kernel published this trace itself when it parsed the
-		// request's traceparent (bpf/inject.h, gt_inject_inbound): the same
-		// trace id and sampled bit, so two map syscalls per request are
-		// saved. The entry ages out of the LRU map.
+	in.pub = true // its entry is deleted when the exchange ends
+	if (in.server != nil && r == in.server && in.hasTP && kernelPublished(in.x, r)) ||
+		(r.traceID == trace.TraceID(in.x.KernelTrace) && r.sampled == in.x.KernelSampled) {
+		// The kernel published this very trace itself, when it parsed the
+		// request's traceparent (gt_inject_inbound) or when it started the
+		// trace (gt_inject_root): a map syscall per request saved.
 		return
 	}
-	in.pub = true
 	b.opt.Inject.Publish(in.x.ConnID, in.x.Seq, r.traceID, n.id, r.sampled)
 }
 
@@ -495,7 +496,7 @@ func (b *Builder) startServer(x *http.Exchange) {
 			in.server.parent = in.via.client
 			b.st.JoinedTuple++
 		default:
-			b.setRoot(in.server)
+			b.setRequestRoot(in.server, x)
 		}
 	}
 	if in.ri.gymSpan != "" && mask.Has(in.ri.gymGroup) {
@@ -509,7 +510,7 @@ func (b *Builder) startServer(x *http.Exchange) {
 			b.setRemote(in.gym, tp)
 			b.st.JoinedTraceparent++
 		default:
-			b.setRoot(in.gym)
+			b.setRequestRoot(in.gym, x)
 		}
 	}
 	in.rollout = in.ri.rolloutID
@@ -797,6 +798,22 @@ func (b *Builder) newNode() *node { return &node{id: b.opt.IDs.NewSpanID()} }
 func (b *Builder) setRoot(n *node) {
 	n.traceID = b.opt.IDs.NewTraceID()
 	n.sampled = b.sample(context.Background(), n.traceID)
+}
+
+// setRequestRoot makes n the root of a new trace for inbound request x: the
+// trace the kernel started and published for x's handler's calls when there
+// is one (bpf/inject.h, gt_inject_root), so those calls already carry it.
+func (b *Builder) setRequestRoot(n *node, x *http.Exchange) {
+	tid := trace.TraceID(x.KernelTrace)
+	if !tid.IsValid() {
+		b.setRoot(n)
+		return
+	}
+	n.traceID = tid
+	n.sampled = b.sample(context.Background(), tid)
+	if n.sampled != x.KernelSampled {
+		b.st.KernelTraceDisagreed++
+	}
 }
 
 func (b *Builder) setRemote(n *node, sc trace.SpanContext) {

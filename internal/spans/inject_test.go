@@ -195,3 +195,61 @@ func TestPrepareJob(t *testing.T) {
 		t.Errorf("the job entry outlived its process")
 	}
 }
+
+// withKernelTrace marks a server request for which the kernel started and
+// published a trace (bpf/inject.h, gt_inject_root).
+func withKernelTrace(tid trace.TraceID, sampled bool) reqOpt {
+	return func(ev *loader.HTTPEvent) {
+		if ev.Side != loader.SideServer {
+			return
+		}
+		ev.Flags |= loader.FlagKernelTrace
+		copy(ev.Traceparent[:16], tid[:])
+		ev.Traceparent[16] = 0
+		if sampled {
+			ev.Traceparent[16] = 1
+		}
+	}
+}
+
+// A request without traceparent in a process whose calls are injected: the
+// kernel started its trace and published it, so the Builder gives the root
+// span that trace, publishes nothing itself, and deletes the entry when the
+// exchange ends.
+func TestKernelStartedTraceAdopted(t *testing.T) {
+	s, f := newInjectSim(t, "per_rollout")
+	tid := trace.TraceID{0xa1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	run := s.dial(pidCollector, pidAgent, agentAddr)
+	call := run.request(loader.MethodPOST, "/run", withKernelTrace(tid, true))
+	key := [2]uint64{run.srvConn, 0}
+	if p, ok := f.pub[key]; ok {
+		t.Errorf("the Builder published %v over the kernel's own trace", p)
+	}
+	call.respond(200)
+	srv := findSpans(s.spans, "POST /run")
+	if len(srv) != 1 || srv[0].TraceID != tid || srv[0].Parent.IsValid() {
+		t.Fatalf("/run span %v: want a root in the kernel's trace %v", srv, tid)
+	}
+	if g := findSpans(s.spans, "gym.rollout"); len(g) != 1 || g[0].TraceID != tid {
+		t.Errorf("gym.rollout %v not in the kernel's trace", g)
+	}
+	if len(f.gone) != 1 || f.gone[0] != key {
+		t.Errorf("entries deleted: %v, want the /run's", f.gone)
+	}
+}
+
+// When the sampler does not confirm the kernel's sampled bit, userspace's
+// decision is published over the kernel's.
+func TestKernelStartedTraceSampledDisagreement(t *testing.T) {
+	s, f := newInjectSim(t, "per_rollout")
+	tid := trace.TraceID{0xb2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	run := s.dial(pidCollector, pidAgent, agentAddr)
+	run.request(loader.MethodPOST, "/run", withKernelTrace(tid, false))
+	p, ok := f.pub[[2]uint64{run.srvConn, 0}]
+	if !ok || p.trace != tid || !p.sampled {
+		t.Fatalf("published %v (%v), want the kernel's trace with the sampler's bit", p, ok)
+	}
+	if st := s.b.Stats(); st.KernelTraceDisagreed != 1 {
+		t.Errorf("KernelTraceDisagreed = %d", st.KernelTraceDisagreed)
+	}
+}

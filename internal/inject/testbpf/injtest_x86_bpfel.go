@@ -141,6 +141,7 @@ const (
 	injtestGtEventFlagGT_F_BODY_UNKNOWN   injtestGtEventFlag = 1024
 	injtestGtEventFlagGT_F_TLS            injtestGtEventFlag = 2048
 	injtestGtEventFlagGT_F_INJECTED       injtestGtEventFlag = 4096
+	injtestGtEventFlagGT_F_KERNEL_TRACE   injtestGtEventFlag = 8192
 )
 
 type injtestGtEventKind uint32
@@ -210,6 +211,15 @@ const (
 	injtestGtInjectStatGT_INJ_STAT_SOCK_FAIL    injtestGtInjectStat = 11
 	injtestGtInjectStatGT_INJ_STAT_MAX          injtestGtInjectStat = 16
 )
+
+type injtestGtPairKey struct {
+	_     structs.HostLayout
+	Caddr [16]uint8
+	Saddr [16]uint8
+	Cport uint16
+	Sport uint16
+	Pad   uint32
+}
 
 type injtestGtProfSlot struct {
 	_  structs.HostLayout
@@ -425,6 +435,7 @@ const (
 	injtestMapGtConns               = "gt_conns"
 	injtestMapGtEvents              = "gt_events"
 	injtestMapGtInjectConfig        = "gt_inject_config"
+	injtestMapGtInjectPairs         = "gt_inject_pairs"
 	injtestMapGtInjectPending       = "gt_inject_pending"
 	injtestMapGtInjectProcs         = "gt_inject_procs"
 	injtestMapGtInjectRecs          = "gt_inject_recs"
@@ -542,6 +553,7 @@ type injtestMapSpecs struct {
 	GtConns         *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
+	GtInjectPairs   *ebpf.MapSpec `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
 	GtInjectProcs   *ebpf.MapSpec `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.MapSpec `ebpf:"gt_inject_recs"`
@@ -607,6 +619,7 @@ type injtestMaps struct {
 	GtConns         *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents        *ebpf.Map `ebpf:"gt_events"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
+	GtInjectPairs   *ebpf.Map `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
 	GtInjectProcs   *ebpf.Map `ebpf:"gt_inject_procs"`
 	GtInjectRecs    *ebpf.Map `ebpf:"gt_inject_recs"`
@@ -636,6 +649,7 @@ func (m *injtestMaps) Close() error {
 		m.GtConns,
 		m.GtEvents,
 		m.GtInjectConfig,
+		m.GtInjectPairs,
 		m.GtInjectPending,
 		m.GtInjectProcs,
 		m.GtInjectRecs,

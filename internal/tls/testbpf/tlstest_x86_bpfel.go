@@ -141,6 +141,7 @@ const (
 	tlstestGtEventFlagGT_F_BODY_UNKNOWN   tlstestGtEventFlag = 1024
 	tlstestGtEventFlagGT_F_TLS            tlstestGtEventFlag = 2048
 	tlstestGtEventFlagGT_F_INJECTED       tlstestGtEventFlag = 4096
+	tlstestGtEventFlagGT_F_KERNEL_TRACE   tlstestGtEventFlag = 8192
 )
 
 type tlstestGtEventKind uint32
