@@ -87,7 +87,7 @@ type Exchange struct {
 	// handler's calls (loader.FlagKernelTrace), and its sampled bit.
 	KernelTrace   [16]byte
 	KernelSampled bool
-	Rollout     Rollout
+	Rollout       Rollout
 
 	Status int // response status code, 0 when no response was seen
 
