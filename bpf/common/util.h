@@ -53,7 +53,7 @@ static __always_inline void gt_prof_end(__u32 slot, __u64 t0)
 // Ring-buffer bytes pending before a submit wakes the reader. Waking a
 // sleeping reader costs the traced syscall several microseconds (measured:
 // 8.3 us -> 1.0 us per traced message without it), so records are submitted
-// without a wakeup and the reader polls (internal/loader: every few ms); a
+// without a wakeup and the reader polls (internal/loader.PollInterval); a
 // filling buffer wakes it at once. The loader sets a quarter of the buffer.
 volatile const __u64 gt_wakeup_bytes = 2 << 20;
 

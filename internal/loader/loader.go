@@ -361,8 +361,8 @@ func (t *Tracer) ProfTable() []ProfSection {
 // traces for injection are published by the kernel itself, and process
 // events wake the reader.
 const (
-	PollInterval    = 10 * time.Millisecond
-	MaxPollInterval = 160 * time.Millisecond
+	PollInterval    = 100 * time.Millisecond
+	MaxPollInterval = 400 * time.Millisecond
 )
 
 // Read delivers ring-buffer records to fn until ctx ends or the tracer is

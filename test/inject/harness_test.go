@@ -128,7 +128,7 @@ func (k *kernel) read() {
 	var rec ringbuf.Record
 	for {
 		// Records are submitted without waking the reader (bpf/common/util.h):
-		// look every 10 ms, as the loader does.
+		// look every 10 ms.
 		k.rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
 		if err := k.rd.ReadInto(&rec); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
