@@ -27,7 +27,7 @@ struct gt_io {
 	__u8 dir; // 0: bytes read, 1: bytes written
 	__u8 role;
 	__u8 hdr_first; // gt_headers: the buffer starts with the start line
-	__u8 path_at;   // gt_headers: offset of the request target in the buffer
+	__u8 _pad_io;
 	// The gate, copied from gt_config: global functions take no map pointers.
 	__u32 cfg_flags;
 	__u32 cfg_gen;
@@ -241,8 +241,6 @@ static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d,
 // Parses (part of) a header block from the user buffer. first: the buffer
 // starts with the message's start line. Returns bytes consumed, or -1 when the
 // rest of the buffer belongs to this header block or is to be ignored.
-// Global (non-static) functions are verified once, on their own, instead of
-// once per call site and caller state: that keeps verification linear.
 static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	if (!c || !io)
@@ -359,6 +357,8 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 	return -1;
 }
 
+// Global (non-static) functions are verified once, on their own, instead of
+// once per call site and caller state: that keeps verification linear.
 __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	__u64 t0 = gt_prof_begin();
@@ -498,7 +498,6 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	d->scan_rollout = (groups & GT_GROUP_ROLLOUT) && (io->mask & GT_GROUP_ROLLOUT) &&
 			  (io->cfg_flags & GT_CFG_ROLLOUT_IDS);
 	io->hdr_first = 1;
-	io->path_at = path_at;
 	gt_prof_end(GT_PROF_START_REQ, t0);
 	return gt_headers(c, io, ubuf, avail);
 }
@@ -512,7 +511,6 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 		// for the final response of the same request.
 		c->resp_status = status;
 		io->hdr_first = 1;
-		io->path_at = 0;
 		return gt_headers(c, io, ubuf, avail);
 	}
 	// Even for a gated-off exchange: the next request's handler task may be
@@ -533,7 +531,6 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	c->resp_status = status;
 	c->resp_flags = 0;
 	io->hdr_first = 1;
-	io->path_at = 0;
 	return gt_headers(c, io, ubuf, avail);
 }
 

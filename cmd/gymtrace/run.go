@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,6 +101,12 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 			log.Debug("detaching traceparent injection", "err", err)
 		}
 	}()
+	// Everything that needs more than the run's own capabilities is
+	// attached: drop the rest now, before the exporter, metrics and
+	// discovery start goroutines (libcap's psx applies the change to every
+	// thread with signals; with few threads there are few to race with).
+	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask),
+		BindPrivileged: privilegedPort(cfg.MetricsAddr)})
 
 	// Userspace pipeline and exporter.
 	b, err := spans.NewBuilder(spans.Options{
@@ -172,7 +180,6 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 
 	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
 		"exporter", cfg.Exporter)
-	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask)})
 	if m != nil {
 		m.SetReady()
 	}
@@ -516,4 +523,18 @@ func (t *tracer) metricSources() metrics.Sources {
 		Export:           func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
 		TargetsAttached:  t.targetCount,
 	}
+}
+
+// privilegedPort reports whether a listen address (host:port) names a port
+// below 1024, which needs CAP_NET_BIND_SERVICE.
+func privilegedPort(addr string) bool {
+	if addr == "" {
+		return false
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n > 0 && n < 1024
 }
