@@ -67,6 +67,11 @@ func (n Needs) list(mapAccessNeedsBPF bool) []need {
 	}
 	if n.Uprobes {
 		out = append(out,
+			// Measured on Linux 6.18: with CAP_PERFMON, CAP_BPF and
+			// CAP_CHECKPOINT_RESTORE but not CAP_SYS_ADMIN, opening a uprobe
+			// perf event on a target found after the drop fails with EACCES
+			// (the asyncio and TLS probes of every later target were lost).
+			need{c: cap.SYS_ADMIN, why: "open uprobe perf events for processes found later (refused with CAP_PERFMON alone)"},
 			need{c: cap.PERFMON, alt: cap.SYS_ADMIN, why: "open uprobe perf events for processes found later"},
 			need{c: cap.BPF, alt: cap.SYS_ADMIN, why: "attach programs to those perf events"},
 			need{c: cap.CHECKPOINT_RESTORE, alt: cap.SYS_ADMIN, why: "open /proc/PID/map_files/* inside containers"})

@@ -46,14 +46,16 @@ func threadCaps(t *testing.T, pid int, field string) map[string]uint64 {
 // TestCapabilitiesDroppedAfterAttach: once attached, no thread of gymtrace
 // holds a capability beyond what its enabled features still use, in its
 // effective, permitted or bounding set: CAP_SYS_PTRACE and
-// CAP_DAC_READ_SEARCH for discovery, plus CAP_PERFMON, CAP_BPF and
-// CAP_CHECKPOINT_RESTORE while HTTPS capture (uprobes on targets found
-// later) is on. Tracing, and SIGHUP reloads (map writes through open fds),
-// still work.
+// CAP_DAC_READ_SEARCH for discovery, plus CAP_PERFMON, CAP_BPF,
+// CAP_CHECKPOINT_RESTORE and CAP_SYS_ADMIN while uprobes are attached to
+// targets found later (HTTPS capture, asyncio context links). Tracing, and
+// SIGHUP reloads (map writes through open fds), still work, and a Python
+// target found after the drop gets its uprobes.
 func TestCapabilitiesDroppedAfterAttach(t *testing.T) {
 	needRoot(t)
 	discovery := uint64(1)<<unix.CAP_SYS_PTRACE | uint64(1)<<unix.CAP_DAC_READ_SEARCH
-	uprobes := discovery | uint64(1)<<unix.CAP_PERFMON | uint64(1)<<unix.CAP_BPF | uint64(1)<<unix.CAP_CHECKPOINT_RESTORE
+	uprobes := discovery | uint64(1)<<unix.CAP_PERFMON | uint64(1)<<unix.CAP_BPF | uint64(1)<<unix.CAP_CHECKPOINT_RESTORE |
+		uint64(1)<<unix.CAP_SYS_ADMIN
 	for _, tc := range []struct {
 		name    string
 		groups  string
@@ -73,11 +75,12 @@ func TestCapabilitiesDroppedAfterAttach(t *testing.T) {
 			srv := startServer(t)
 			g := startGymtrace(t, gtOpts{groups: tc.groups, extra: []string{"--pid", fmt.Sprintf("%d%s", srv.pid(), tc.role)}})
 			g.waitOutput(t, true, "capabilities dropped after attach", 5*time.Second)
-			mustLack := map[string]int{"CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN, "CAP_NET_ADMIN": unix.CAP_NET_ADMIN,
+			mustLack := map[string]int{"CAP_NET_ADMIN": unix.CAP_NET_ADMIN,
 				"CAP_SYS_RESOURCE": unix.CAP_SYS_RESOURCE, "CAP_SETPCAP": unix.CAP_SETPCAP, "CAP_SYS_MODULE": unix.CAP_SYS_MODULE,
 				"CAP_DAC_OVERRIDE": unix.CAP_DAC_OVERRIDE, "CAP_SETUID": unix.CAP_SETUID, "CAP_KILL": unix.CAP_KILL}
 			if tc.allowed == discovery {
 				mustLack["CAP_BPF"], mustLack["CAP_PERFMON"] = unix.CAP_BPF, unix.CAP_PERFMON
+				mustLack["CAP_SYS_ADMIN"] = unix.CAP_SYS_ADMIN
 			}
 			var sample uint64
 			for _, field := range []string{"CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"} {
@@ -194,4 +197,35 @@ func lastErrorLine(stderr string) string {
 		return ""
 	}
 	return found[0]
+}
+
+// TestUprobesAfterDrop: a Python process gymtrace finds after it dropped its
+// capabilities still gets its uprobes (the asyncio context link and the
+// OpenSSL probes). Without CAP_SYS_ADMIN this kernel refuses the perf
+// event, and every later target silently lost its causality and HTTPS.
+func TestUprobesAfterDrop(t *testing.T) {
+	needRoot(t)
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skipf("%s is missing (apt-get install python3): %v", py, err)
+	}
+	cmd := exec.Command(py, "-c", "import asyncio, ssl, time; time.sleep(60)")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	time.Sleep(300 * time.Millisecond) // let it load libssl
+	g := startGymtrace(t, gtOpts{groups: "per_rollout", extra: []string{"--pid", fmt.Sprintf("%d=agent", cmd.Process.Pid)}})
+	g.waitOutput(t, true, "gymtrace: attached", 10*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	out := g.stderr.String()
+	if !strings.Contains(out, "capabilities dropped after attach") {
+		t.Fatalf("no capability drop logged:\n%s", tail(out, 2048))
+	}
+	for _, bad := range []string{"asyncio child-task links off", "could not be probed"} {
+		if strings.Contains(out, bad) {
+			t.Fatalf("a target attached after the drop lost its uprobes (%q):\n%s", bad, tail(out, 4096))
+		}
+	}
+	g.terminate(t)
 }
