@@ -167,6 +167,19 @@ static __always_inline void gt_header_line(struct gt_scratch *sc, __u32 ls, __u3
 	}
 }
 
+// Prepares sc->scan for gt_scan_headers. skip: the buffer starts inside a
+// line that is not a header (the start line, or a continuation).
+static __always_inline void gt_scan_begin(struct gt_scratch *sc, __u8 skip)
+{
+	sc->scan.skip = skip;
+	sc->scan.cl = -1;
+	sc->scan.chunked = 0;
+	sc->scan.upgrade = 0;
+	sc->scan.host_found = 0;
+	sc->scan.tp_found = 0;
+	sc->scan.tp_any = 0;
+}
+
 // Scans sc->buf[0, n) for header lines until the blank line. sc->scan must be
 // set up by the caller (skip = the buffer starts inside a line that is not a
 // header). Sets sc->scan.end to the offset just past the header block, or -1.

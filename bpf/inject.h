@@ -156,6 +156,20 @@ static __always_inline struct gt_inject_config *gt_inj_cfg(void)
 	return bpf_map_lookup_elem(&gt_inject_config, &zero);
 }
 
+// Draws a new trace id into id[16] and returns its sampled bit: the rule
+// OpenTelemetry's TraceIDRatioBased applies, (big-endian id[8:16] >> 1) <
+// root_bound, so the kernel and userspace agree on every new trace.
+static __always_inline __u8 gt_new_trace(__u8 *id, const struct gt_inject_config *cfg)
+{
+	__u32 w2 = bpf_get_prandom_u32(), w3 = bpf_get_prandom_u32() | 1;
+	*(__u32 *)&id[0] = bpf_get_prandom_u32();
+	*(__u32 *)&id[4] = bpf_get_prandom_u32();
+	*(__u32 *)&id[8] = w2;
+	*(__u32 *)&id[12] = w3;
+	__u64 lo = (__u64)bpf_ntohl(w2) << 32 | bpf_ntohl(w3);
+	return (lo >> 1) < cfg->root_bound;
+}
+
 static __always_inline __u8 gt_hex(__u8 n)
 {
 	// '0'..'9', then 'a'..'f' (39 = 'a' - '0' - 10), without a branch.
@@ -196,13 +210,7 @@ __noinline int gt_inject_check(__u64 ubuf, __u32 len)
 			if (n > GT_SCRATCH - 128 || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
 				return 0;
 		}
-		sc->scan.skip = 1; // the request line
-		sc->scan.cl = -1;
-		sc->scan.chunked = 0;
-		sc->scan.upgrade = 0;
-		sc->scan.host_found = 0;
-		sc->scan.tp_found = 0;
-		sc->scan.tp_any = 0;
+		gt_scan_begin(sc, 1); // past the request line
 		gt_scan_headers(sc, n, 1);
 	}
 	if (sc->scan.tp_any) {
@@ -269,13 +277,7 @@ __noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports)
 		struct gt_inject_config *cfg = gt_inj_cfg();
 		if (!cfg)
 			return 0;
-		__u32 w2 = bpf_get_prandom_u32(), w3 = bpf_get_prandom_u32() | 1;
-		*(__u32 *)&st->ids[0] = bpf_get_prandom_u32();
-		*(__u32 *)&st->ids[4] = bpf_get_prandom_u32();
-		*(__u32 *)&st->ids[8] = w2;
-		*(__u32 *)&st->ids[12] = w3;
-		__u64 lo = (__u64)bpf_ntohl(w2) << 32 | bpf_ntohl(w3);
-		sampled = (lo >> 1) < cfg->root_bound;
+		sampled = gt_new_trace(st->ids, cfg);
 		gt_inj_stat(GT_INJ_STAT_ROOT);
 	}
 	*(__u32 *)&st->ids[16] = bpf_get_prandom_u32();
@@ -597,13 +599,7 @@ __noinline int gt_inject_root(struct gt_conn *c)
 	if (!cfg || !(cfg->flags & GT_INJ_ON))
 		return 0;
 	struct gt_trace_ctx v = {};
-	__u32 w2 = bpf_get_prandom_u32(), w3 = bpf_get_prandom_u32() | 1;
-	*(__u32 *)&v.trace_id[0] = bpf_get_prandom_u32();
-	*(__u32 *)&v.trace_id[4] = bpf_get_prandom_u32();
-	*(__u32 *)&v.trace_id[8] = w2;
-	*(__u32 *)&v.trace_id[12] = w3;
-	__u64 lo = (__u64)bpf_ntohl(w2) << 32 | bpf_ntohl(w3);
-	v.flags = (lo >> 1) < cfg->root_bound;
+	v.flags = gt_new_trace(v.trace_id, cfg);
 	struct gt_trace_key k = {.conn = c->conn_id, .seq = c->req.seq};
 	if (bpf_map_update_elem(&gt_trace_ctxs, &k, &v, BPF_NOEXIST))
 		return 0; // already published: leave the record without a kernel trace

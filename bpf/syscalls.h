@@ -272,16 +272,8 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 		if (nr == 0 || nr > GT_SCRATCH - 128 || bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
 			return -1;
 		n = carry + nr;
-		if (first) {
-			sc->scan.skip = 1; // the start line is not a header (gt_start_request copied the path)
-		} else {
-			sc->scan.skip = carry ? 0 : d->mid_line;
-		}
-		sc->scan.cl = -1;
-		sc->scan.chunked = 0;
-		sc->scan.upgrade = 0;
-		sc->scan.host_found = 0;
-		sc->scan.tp_found = 0;
+		// The start line is not a header (gt_start_request copied the path).
+		gt_scan_begin(sc, first ? 1 : (carry ? 0 : d->mid_line));
 		__u64 t1 = gt_prof_begin();
 		gt_scan_headers(sc, n, d->is_req);
 		gt_prof_end(GT_PROF_SCAN, t1);
