@@ -467,7 +467,6 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 	return have_py;
 }
 
-
 static __always_inline int gt_inject_proc(__u32 tgid)
 {
 	struct gt_inject_config *icfg = gt_inj_cfg();
@@ -500,8 +499,7 @@ __noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io)
 	const __u8 *tp = c->req.traceparent;
 	if (tp[0] != '0' || tp[1] != '0' || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
 		return 0;
-	__u32 zero = 0;
-	struct gt_inj_scan *st = bpf_map_lookup_elem(&gt_inject_scan, &zero);
+	struct gt_inj_scan *st = gt_inj_state();
 	if (!st)
 		return 0;
 	// ids[0..16) trace id, ids[16..24) span id, ids[24] flags (hex pairs
@@ -563,18 +561,16 @@ __noinline int gt_inject_pair(struct gt_conn *c, int op)
 	struct gt_inject_config *icfg = gt_inj_cfg();
 	if (!icfg || !(icfg->flags & GT_INJ_ON))
 		return 0;
-	struct gt_pair_key k = {};
-	if (op == GT_PAIR_LOOKUP) {
-		__builtin_memcpy(k.caddr, c->tuple.raddr, 16);
-		__builtin_memcpy(k.saddr, c->tuple.laddr, 16);
-		k.cport = c->tuple.rport;
-		k.sport = c->tuple.lport;
+	// A server connection's client is its remote end; a client's, itself.
+	int srv = op == GT_PAIR_LOOKUP;
+	struct gt_pair_key k = {
+		.cport = srv ? c->tuple.rport : c->tuple.lport,
+		.sport = srv ? c->tuple.lport : c->tuple.rport,
+	};
+	__builtin_memcpy(k.caddr, srv ? c->tuple.raddr : c->tuple.laddr, 16);
+	__builtin_memcpy(k.saddr, srv ? c->tuple.laddr : c->tuple.raddr, 16);
+	if (srv)
 		return bpf_map_lookup_elem(&gt_inject_pairs, &k) != 0;
-	}
-	__builtin_memcpy(k.caddr, c->tuple.laddr, 16);
-	__builtin_memcpy(k.saddr, c->tuple.raddr, 16);
-	k.cport = c->tuple.lport;
-	k.sport = c->tuple.rport;
 	if (op == GT_PAIR_DEL) {
 		bpf_map_delete_elem(&gt_inject_pairs, &k);
 	} else {

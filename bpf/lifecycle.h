@@ -80,6 +80,12 @@ static __always_inline struct proc_event *gt_proc_reserve(__u8 kind)
 	return e;
 }
 
+// Process records wake the reader (see the top of this file).
+static __always_inline void gt_proc_submit(struct proc_event *e)
+{
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+}
+
 SEC("raw_tracepoint/sched_process_fork")
 int gt_fork(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -118,7 +124,7 @@ int gt_fork(struct bpf_raw_tracepoint_args *ctx)
 	e->cause_conn = cause.conn;
 	e->cause_seq = cause.seq;
 	BPF_CORE_READ_STR_INTO(&e->comm, parent, comm);
-	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	gt_proc_submit(e);
 	return 0;
 }
 
@@ -253,7 +259,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 			return 0;
 		e->pid = tgid;
 		bpf_get_current_comm(&e->comm, sizeof(e->comm));
-		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+		gt_proc_submit(e);
 		return 0;
 	}
 
@@ -292,7 +298,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 				e->start_ns = sb.start_ns;
 				e->cause_conn = sb.cause.conn;
 				e->cause_seq = sb.cause.seq;
-				bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+				gt_proc_submit(e);
 			}
 		} else {
 			gt_stat_add(GT_STAT_DISCARDED + 7, 1);
@@ -306,7 +312,7 @@ int gt_exec(struct trace_event_raw_sched_process_exec *ctx)
 	e->pid = tgid;
 	e->role = t ? t->role : 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	gt_proc_submit(e);
 	return 0;
 }
 
@@ -334,7 +340,7 @@ int gt_exit(void *ctx)
 			e->exit_code = status;
 			e->cause_conn = sb->cause.conn;
 			e->cause_seq = sb->cause.seq;
-			bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+			gt_proc_submit(e);
 		}
 		bpf_map_delete_elem(&gt_sandboxes, &tgid);
 		bpf_map_delete_elem(&gt_fork_causes, &tgid);
@@ -352,6 +358,6 @@ int gt_exit(void *ctx)
 	e->pid = tgid;
 	e->exit_code = status;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	gt_proc_submit(e);
 	return 0;
 }

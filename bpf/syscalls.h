@@ -27,7 +27,6 @@ struct gt_io {
 	__u8 dir; // 0: bytes read, 1: bytes written
 	__u8 role;
 	__u8 hdr_first; // gt_headers: the buffer starts with the start line
-	__u8 _pad_io;
 	// The gate, copied from gt_config: global functions take no map pointers.
 	__u32 cfg_flags;
 	__u32 cfg_gen;
