@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,12 +100,20 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 			log.Debug("detaching traceparent injection", "err", err)
 		}
 	}()
+	// The metrics port is opened now (a port below 1024 needs
+	// CAP_NET_BIND_SERVICE) and served once the pipeline exists.
+	var metricsLn net.Listener
+	if cfg.MetricsAddr != "" {
+		if metricsLn, err = metrics.Listen(cfg.MetricsAddr); err != nil {
+			return err
+		}
+		defer metricsLn.Close()
+	}
 	// Everything that needs more than the run's own capabilities is
 	// attached: drop the rest now, before the exporter, metrics and
 	// discovery start goroutines (libcap's psx applies the change to every
 	// thread with signals; with few threads there are few to race with).
-	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask),
-		BindPrivileged: privilegedPort(cfg.MetricsAddr)})
+	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask)})
 
 	// Userspace pipeline and exporter.
 	b, err := spans.NewBuilder(spans.Options{
@@ -139,10 +146,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	var m *metrics.Metrics
 	if cfg.MetricsAddr != "" {
 		m = metrics.New(t.metricSources())
-		srv, err := m.Start(cfg.MetricsAddr, log)
-		if err != nil {
-			return err
-		}
+		srv := m.Serve(metricsLn, log)
 		defer srv.Shutdown(context.Background())
 	}
 
@@ -241,7 +245,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 			log.Debug("undecodable record", "err", err)
 		}
 		t.submit(out)
-		if kern.Pending() == 0 {
+		if t.inj != nil && kern.Pending() == 0 {
 			// Caught up: the deletes of finished exchanges' trace
 			// contexts go to the kernel in one batch.
 			t.inj.Flush()
@@ -290,8 +294,15 @@ func (t *tracer) procEvent(w *discover.Watcher, raw []byte) {
 		w.OnExec(int(ev.Pid))
 	case loader.EvProcExit:
 		w.OnExit(int(ev.Pid))
-		t.kern.ProcessExited(int(ev.Pid))
-		if p := t.lookup(int(ev.Pid)); p != nil && p.Worker {
+		// A target the watcher found is removed, connection state
+		// included, by its own goroutine (removeTarget); only processes it
+		// does not own (workers, children) are forgotten here, so the map
+		// walk runs once per exit and not on this reader for those.
+		p := t.lookup(int(ev.Pid))
+		if p == nil || p.Worker {
+			t.kern.ProcessExited(int(ev.Pid))
+		}
+		if p != nil && p.Worker {
 			t.mu.Lock()
 			delete(t.procs, int(ev.Pid))
 			t.mu.Unlock()
@@ -523,18 +534,4 @@ func (t *tracer) metricSources() metrics.Sources {
 		Export:           func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
 		TargetsAttached:  t.targetCount,
 	}
-}
-
-// privilegedPort reports whether a listen address (host:port) names a port
-// below 1024, which needs CAP_NET_BIND_SERVICE.
-func privilegedPort(addr string) bool {
-	if addr == "" {
-		return false
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	n, err := strconv.Atoi(port)
-	return err == nil && n > 0 && n < 1024
 }

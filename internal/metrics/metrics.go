@@ -123,12 +123,27 @@ type Server struct {
 // Start listens on addr (host:port, ":9464", "127.0.0.1:0") now, so a port in
 // use is an error at startup, and serves in the background.
 func (m *Metrics) Start(addr string, log *slog.Logger) (*Server, error) {
-	if log == nil {
-		log = slog.Default()
+	ln, err := Listen(addr)
+	if err != nil {
+		return nil, err
 	}
+	return m.Serve(ln, log), nil
+}
+
+// Listen opens the metrics port, for Serve: a caller that gives up
+// privileges can open a port below 1024 before it does.
+func Listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("serving metrics on %q: %w (choose another --metrics-addr, or leave it empty to disable)", addr, err)
+	}
+	return ln, nil
+}
+
+// Serve serves the metrics on ln in the background.
+func (m *Metrics) Serve(ln net.Listener, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
 	}
 	s := &Server{
 		srv: &http.Server{
@@ -147,7 +162,7 @@ func (m *Metrics) Start(addr string, log *slog.Logger) (*Server, error) {
 			log.Error("metrics server stopped", "component", "metrics", "error", err)
 		}
 	}()
-	return s, nil
+	return s
 }
 
 // Addr is the address the server listens on (useful with port 0).

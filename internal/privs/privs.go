@@ -44,9 +44,6 @@ type Needs struct {
 	// context, TLS libraries), which loads nothing new but opens perf events
 	// and the processes' binaries.
 	Uprobes bool
-	// BindPrivileged: the metrics server listens on a port below 1024,
-	// which it opens after the drop.
-	BindPrivileged bool
 }
 
 // Capabilities that features need after attach. A need may be met by an
@@ -75,9 +72,6 @@ func (n Needs) list(mapAccessNeedsBPF bool) []need {
 			need{c: cap.PERFMON, alt: cap.SYS_ADMIN, why: "open uprobe perf events for processes found later"},
 			need{c: cap.BPF, alt: cap.SYS_ADMIN, why: "attach programs to those perf events"},
 			need{c: cap.CHECKPOINT_RESTORE, alt: cap.SYS_ADMIN, why: "open /proc/PID/map_files/* inside containers"})
-	}
-	if n.BindPrivileged {
-		out = append(out, need{c: cap.NET_BIND_SERVICE, why: "listen on a port below 1024 (--metrics-addr)"})
 	}
 	if mapAccessNeedsBPF && !n.Uprobes {
 		out = append(out, need{c: cap.BPF, alt: cap.SYS_ADMIN,

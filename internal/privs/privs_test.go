@@ -53,7 +53,6 @@ func TestNeedsList(t *testing.T) {
 		{Needs{Discovery: true}, true, "cap_sys_ptrace,cap_dac_read_search,cap_bpf"},
 		{Needs{Uprobes: true}, false, "cap_sys_ptrace,cap_dac_read_search,cap_sys_admin,cap_perfmon,cap_bpf,cap_checkpoint_restore"},
 		{Needs{Discovery: true, Uprobes: true}, true, "cap_sys_ptrace,cap_dac_read_search,cap_sys_admin,cap_perfmon,cap_bpf,cap_checkpoint_restore"},
-		{Needs{Discovery: true, BindPrivileged: true}, false, "cap_sys_ptrace,cap_dac_read_search,cap_net_bind_service"},
 	} {
 		got := strings.ToLower(strings.Join(caps(tc.n.list(tc.oldBPF)), ","))
 		if got != tc.want {
