@@ -37,33 +37,8 @@ const AttrTruncated = attribute.Key("nemo.span.truncated")
 // names that hold one, in any of the spellings semantic conventions and ad-hoc
 // instrumentation use (http.request.header.authorization, set_cookie, ...).
 func secretKey(k attribute.Key) bool {
-	// Every span's every key passes here: search without lowering a copy
-	// (ASCII keys; others take the Unicode-aware path).
-	for i := 0; i < len(k); i++ {
-		if k[i] >= 0x80 {
-			s := strings.ToLower(string(k))
-			return strings.Contains(s, "authorization") || strings.Contains(s, "cookie")
-		}
-	}
-	return containsFold(string(k), "authorization") || containsFold(string(k), "cookie")
-}
-
-// containsFold reports whether s contains the lower-case ASCII word sub,
-// ignoring ASCII case.
-func containsFold(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i]|0x20 != sub[0] {
-			continue
-		}
-		j := 1
-		for j < len(sub) && s[i+j]|0x20 == sub[j] {
-			j++
-		}
-		if j == len(sub) {
-			return true
-		}
-	}
-	return false
+	s := strings.ToLower(string(k))
+	return strings.Contains(s, "authorization") || strings.Contains(s, "cookie")
 }
 
 // Sanitize returns attrs without anything that must never leave gymtrace:

@@ -1,6 +1,7 @@
 package export
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"slices"
@@ -14,8 +15,8 @@ import (
 )
 
 // appendSpanJSON appends s as one jsonl line, byte for byte what
-// encoding/json writes for e.toJSON(s) with HTML escaping off (a test holds
-// the two together), without reflection or a map per span: the agent
+// encoding/json writes for the JSONSpan of s with HTML escaping off (a test
+// holds the two together), without reflection or a map per span: the agent
 // encodes every span it exports, so this is on its hot path. The resource,
 // the same for every span of a process, is encoded once and cached.
 func (e *JSONLExporter) appendSpanJSON(b []byte, s *spans.Span) []byte {
@@ -89,31 +90,22 @@ func (e *JSONLExporter) resourceJSON(s *spans.Span) []byte {
 }
 
 // appendAttrs writes attrs as a JSON object the way encoding/json writes
-// attrMap(attrs): keys sorted, the last of duplicate keys kept.
+// a map of them: keys sorted, the last of duplicate keys kept.
 func (e *JSONLExporter) appendAttrs(b []byte, attrs []attribute.KeyValue) []byte {
 	idx := e.attrIdx[:0]
 	for i := range attrs {
-		dup := false
-		for _, j := range attrs[i+1:] {
-			if j.Key == attrs[i].Key {
-				dup = true
-				break
-			}
-		}
-		if !dup {
-			idx = append(idx, i)
-		}
+		idx = append(idx, i)
 	}
-	slices.SortFunc(idx, func(x, y int) int {
-		a, b := attrs[x].Key, attrs[y].Key
-		switch {
-		case a < b:
-			return -1
-		case a > b:
-			return 1
+	// Stable: among equal keys the last one given sorts last, and is kept.
+	slices.SortStableFunc(idx, func(x, y int) int { return cmp.Compare(attrs[x].Key, attrs[y].Key) })
+	keep := idx[:0]
+	for n, i := range idx {
+		if n+1 < len(idx) && attrs[idx[n+1]].Key == attrs[i].Key {
+			continue
 		}
-		return 0
-	})
+		keep = append(keep, i)
+	}
+	idx = keep
 	e.attrIdx = idx
 	b = append(b, '{')
 	for n, i := range idx {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"sync"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/resource"
 
 	"github.com/gymtrace/gymtrace/internal/spans"
@@ -50,7 +49,6 @@ type JSONLExporter struct {
 	w      *bufio.Writer
 	closer io.Closer
 	res    *Resources
-	resMap map[*resource.Resource]map[string]any
 
 	line    []byte                        // the line being encoded (appendSpanJSON)
 	resJSON map[*resource.Resource][]byte // encoded resources
@@ -62,7 +60,7 @@ func NewJSONL(w io.Writer, res *Resources) *JSONLExporter {
 	if res == nil {
 		res = NewResources("")
 	}
-	return &JSONLExporter{w: bufio.NewWriter(w), res: res, resMap: make(map[*resource.Resource]map[string]any)}
+	return &JSONLExporter{w: bufio.NewWriter(w), res: res}
 }
 
 // OpenJSONL writes to the file at path ("-" or "" is stdout), appending to it
@@ -114,53 +112,6 @@ func (e *JSONLExporter) Shutdown(context.Context) error {
 	return nil
 }
 
-// ToJSON converts one span as the jsonl exporter writes it.
-func ToJSON(s *spans.Span, res *Resources) JSONSpan {
-	e := JSONLExporter{res: res, resMap: map[*resource.Resource]map[string]any{}}
-	return e.toJSON(s)
-}
-
-func (e *JSONLExporter) toJSON(s *spans.Span) JSONSpan {
-	js := JSONSpan{
-		Name:              s.Name,
-		Kind:              KindName(s.Kind),
-		TraceID:           s.TraceID.String(),
-		SpanID:            s.SpanID.String(),
-		StartTimeUnixNano: unixNano(s.Start.UnixNano()),
-		EndTimeUnixNano:   unixNano(s.End.UnixNano()),
-		Attributes:        attrMap(Sanitize(s.Attrs)),
-		Resource:          e.resource(s),
-		Status:            JSONStatus{Code: StatusName(s.Status)},
-	}
-	if s.Parent.IsValid() {
-		js.ParentSpanID = s.Parent.String()
-	}
-	if js.Status.Code == "ERROR" {
-		js.Status.Message = s.StatusMsg
-	}
-	for _, l := range s.Links {
-		js.Links = append(js.Links, JSONLink{
-			TraceID:    l.SpanContext.TraceID().String(),
-			SpanID:     l.SpanContext.SpanID().String(),
-			Attributes: attrMapOmitEmpty(Sanitize(l.Attributes)),
-		})
-	}
-	return js
-}
-
-func (e *JSONLExporter) resource(s *spans.Span) map[string]any {
-	r := e.res.For(s.Proc)
-	if m, ok := e.resMap[r]; ok {
-		return m
-	}
-	if len(e.resMap) >= maxCachedResources {
-		clear(e.resMap)
-	}
-	m := attrMap(r.Attributes())
-	e.resMap[r] = m
-	return m
-}
-
 // marshalNoHTML is json.Marshal without HTML escaping and the newline an
 // Encoder adds.
 func marshalNoHTML(v any) ([]byte, error) {
@@ -178,19 +129,4 @@ func unixNano(n int64) uint64 {
 		return 0
 	}
 	return uint64(n)
-}
-
-func attrMap(attrs []attribute.KeyValue) map[string]any {
-	m := make(map[string]any, len(attrs))
-	for _, kv := range attrs {
-		m[string(kv.Key)] = kv.Value.AsInterface()
-	}
-	return m
-}
-
-func attrMapOmitEmpty(attrs []attribute.KeyValue) map[string]any {
-	if len(attrs) == 0 {
-		return nil
-	}
-	return attrMap(attrs)
 }

@@ -203,14 +203,6 @@ func (in *Injector) setConfig(ratio float64, on bool) error {
 	return nil
 }
 
-// SetSampleRatio changes the sampled bit rule of traces the kernel starts.
-func (in *Injector) SetSampleRatio(ratio float64) error {
-	if in == nil {
-		return nil
-	}
-	return in.setConfig(ratio, true)
-}
-
 // Publish tells the kernel the trace of inbound request (conn, seq): an
 // outbound call its handler makes carries traceparent
 // 00-<tid>-<new span id>-<sampled>. parent is the span that call's CLIENT
@@ -311,14 +303,6 @@ func (in *Injector) Stats() ([]uint64, error) {
 		}
 	}
 	return out, nil
-}
-
-// PublishFailures counts trace contexts the kernel map refused.
-func (in *Injector) PublishFailures() uint64 {
-	if in == nil {
-		return 0
-	}
-	return in.pubFail.Load()
 }
 
 // Close turns injection off and detaches everything. Sockets already in the

@@ -36,6 +36,8 @@ type Tracer struct {
 
 	mu  sync.Mutex
 	cfg Config
+
+	profTime bool // GYMTRACE_PROF_TIME=1: the programs time their sections (ProfTable)
 }
 
 // syscall tracepoints, in attach order. Only exits of the data syscalls are
@@ -99,13 +101,14 @@ func Load(opts Options) (*Tracer, error) {
 			return nil, err
 		}
 	}
-	if os.Getenv("GYMTRACE_PROF_TIME") == "1" {
+	profTime := os.Getenv("GYMTRACE_PROF_TIME") == "1"
+	if profTime {
 		// Cost experiments only: time the parser's sections (ProfTable).
 		if err := spec.Variables["gt_prof_time"].Set(uint32(1)); err != nil {
 			return nil, err
 		}
 	}
-	t := &Tracer{log: log}
+	t := &Tracer{log: log, profTime: profTime}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -329,7 +332,7 @@ var profNames = map[uint32]string{
 // ProfTable reads the section timings gathered with GYMTRACE_PROF_TIME=1
 // (bpf/common/util.h); nil when they are off.
 func (t *Tracer) ProfTable() []ProfSection {
-	if os.Getenv("GYMTRACE_PROF_TIME") != "1" {
+	if !t.profTime {
 		return nil
 	}
 	var out []ProfSection

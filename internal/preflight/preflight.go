@@ -540,7 +540,7 @@ func (c *checker) uprobeAttach() {
 	if err != nil {
 		r.Status, r.Detail = StatusMissing, err.Error()
 		r.Fix = c.attachFix("CONFIG_UPROBE_EVENTS (Python context, TLS)")
-		if (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) && !c.caps.has(unix.CAP_SYS_ADMIN) {
+		if c.bpfFix() == "" && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)) && !c.caps.has(unix.CAP_SYS_ADMIN) {
 			// Measured on Linux 6.18: CAP_PERFMON and CAP_BPF are not
 			// enough for a uprobe perf event (docs/security.md).
 			r.Fix = "this kernel refuses uprobe perf events without CAP_SYS_ADMIN: grant it (or run privileged)"

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,7 +133,8 @@ type inbound struct {
 	idx      int // position in Builder.inflight[pid]
 	waiting  bool
 	hasTP    bool
-	pub      bool // its trace context is published for injection
+	tp       trace.SpanContext // the request's own traceparent, when hasTP
+	pub      bool              // its trace context is published for injection
 	ctxKeys  []ctxKey
 	mark     uint64
 	shadowed uint64
@@ -338,7 +340,7 @@ func (b *Builder) publish(in *inbound) {
 	r := n.root()
 	r.published = true
 	in.pub = true // its entry is deleted when the exchange ends
-	if (in.server != nil && r == in.server && in.hasTP && kernelPublished(in.x, r)) ||
+	if (in.server != nil && r == in.server && in.hasTP && kernelPublished(in, r)) ||
 		(r.traceID == trace.TraceID(in.x.KernelTrace) && r.sampled == in.x.KernelSampled) {
 		// The kernel published this very trace itself, when it parsed the
 		// request's traceparent (gt_inject_inbound) or when it started the
@@ -349,15 +351,11 @@ func (b *Builder) publish(in *inbound) {
 }
 
 // kernelPublished reports whether the kernel's own publication of an
-// inbound request's trace (version-00 traceparent, the server group on)
-// matches what userspace decided for root r.
-func kernelPublished(x *http.Exchange, r *node) bool {
-	tp := x.Traceparent
-	if len(tp) != 55 || tp[0] != '0' || tp[1] != '0' || tp[2] != '-' {
-		return false
-	}
-	sc, ok := ParseTraceparent(tp)
-	return ok && sc.TraceID() == r.traceID && sc.SpanID() == r.remote && sc.IsSampled() == r.sampled
+// inbound request's trace (a version-00 traceparent, the server group on;
+// gt_inject_inbound) matches what userspace decided for root r.
+func kernelPublished(in *inbound, r *node) bool {
+	return strings.HasPrefix(in.x.Traceparent, "00-") && in.tp.TraceID() == r.traceID &&
+		in.tp.SpanID() == r.remote && in.tp.IsSampled() == r.sampled
 }
 
 // BindContext records that the asyncio Context ctx of process pid runs on
@@ -480,7 +478,7 @@ func (b *Builder) startServer(x *http.Exchange) {
 		b.st.GymSpanUnresolved++
 	}
 	tp, tpOK := b.traceparent(x)
-	in.hasTP = tpOK
+	in.hasTP, in.tp = tpOK, tp
 
 	// The connection join is kept even when no span uses it: rollout ids and
 	// nesting follow it.

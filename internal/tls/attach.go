@@ -268,8 +268,8 @@ func (a *Attacher) scanLocked(pid int, p *proc) error {
 		err := errors.Join(errs...)
 		msg := "some TLS libraries could not be probed: HTTPS through them is not traced"
 		if errors.Is(err, os.ErrPermission) {
-			msg += " (attaching uprobes needs CAP_PERFMON and CAP_BPF, or CAP_SYS_ADMIN: gymtrace gives them up" +
-				" after attaching when neither http_client nor server is enabled; restart it with one of them)"
+			msg += " (attaching uprobes needs CAP_PERFMON, CAP_BPF and, on some kernels (6.18), CAP_SYS_ADMIN:" +
+				" gymtrace gives them up after attaching when neither http_client nor server is enabled; restart it with one of them)"
 		}
 		a.log.Warn(msg, "pid", pid, "error", err)
 		return err
