@@ -28,6 +28,13 @@ var gymtraceHooks = []string{
 	"sys_enter_close",
 }
 
+// injectHooks are the syscall entries traceparent injection's decision
+// programs sit on (bpf/inject.h, on by default). The hit counter counts them
+// too, so those programs' cost on the traced servers is in the eBPF time
+// per request; hits per request stay the syscalls of gymtraceHooks (an
+// entry and an exit of the same write are one syscall).
+var injectHooks = []string{"sys_enter_write", "sys_enter_sendto", "sys_enter_writev", "sys_enter_sendmsg"}
+
 // hookOfProgram maps a gymtrace program name to its syscall tracepoint:
 // gt_exit_read -> sys_exit_read, gt_enter_close -> sys_enter_close; "" for
 // programs elsewhere (sched, uprobes). Kernel names are cut at 15 bytes, so a

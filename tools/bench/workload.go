@@ -295,7 +295,7 @@ func runWorkload(ctx context.Context, o wlOptions) ([]wlRun, error) {
 	}
 	defer st.stop()
 	o.Log.Info("test stack up", "pids", st.pidArg())
-	hc, err := newHitCounter(gymtraceHooks, []int{st.pids["agent"], st.pids["model"], st.pids["resources"]})
+	hc, err := newHitCounter(append(append([]string(nil), gymtraceHooks...), injectHooks...), []int{st.pids["agent"], st.pids["model"], st.pids["resources"]})
 	if err != nil {
 		return nil, err
 	}
