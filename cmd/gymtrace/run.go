@@ -238,16 +238,18 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		t.records.Add(1)
 		if len(raw) > 0 && loader.IsProcEvent(raw[0]) {
 			t.procEvent(w, raw)
-			return
+		} else {
+			out, err := t.spans.Process(raw)
+			if err != nil {
+				log.Debug("undecodable record", "err", err)
+			}
+			t.submit(out)
 		}
-		out, err := t.spans.Process(raw)
-		if err != nil {
-			log.Debug("undecodable record", "err", err)
-		}
-		t.submit(out)
 		if t.inj != nil && kern.Pending() == 0 {
-			// Caught up: the deletes of finished exchanges' trace
-			// contexts go to the kernel in one batch.
+			// Caught up: the trace contexts published for this drain's
+			// requests, and the deletes of finished exchanges, go to the
+			// kernel in one batch each; an exchange that started and ended
+			// within the drain costs no map syscall at all.
 			t.inj.Flush()
 		}
 	})

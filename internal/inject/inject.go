@@ -120,15 +120,22 @@ type Injector struct {
 	skmsg   bool
 	pubFail atomic.Uint64
 
-	// Unpublished keys not yet deleted from the kernel's map: deletes are
-	// not urgent (an exchange is over), so they go in batches (Flush).
+	// Map writes not yet made, applied in batches by Flush. pubs: trace
+	// contexts published but not yet in the kernel's map; an exchange that
+	// ends before the next Flush (most do, at a high rate) is dropped from
+	// here and never costs a syscall. dels: unpublished keys still in the
+	// kernel's map (not urgent: the exchange is over).
 	mu   sync.Mutex
+	pubs map[traceKey]traceCtx
 	dels []traceKey
+	// flushMu orders whole flushes, so a delete can never overtake the put
+	// of the same key made by a flush still running on another goroutine.
+	flushMu sync.Mutex
 }
 
-// maxPendingDeletes bounds the deferred deletes: Unpublish flushes at once
-// when this many wait.
-const maxPendingDeletes = 256
+// maxPending bounds the deferred puts and the deferred deletes: Publish or
+// Unpublish flushes at once when this many of its kind wait.
+const maxPending = 256
 
 // Attach attaches the programs and turns injection on.
 func Attach(p Programs, o Options) (*Injector, error) {
@@ -208,6 +215,11 @@ func (in *Injector) setConfig(ratio float64, on bool) error {
 // 00-<tid>-<new span id>-<sampled>. parent is the span that call's CLIENT
 // span hangs under (kept for userspace diagnostics). conn 0 with seq = pid
 // names the process's gym.job instead (PublishJob).
+//
+// A request's context reaches the kernel at the next Flush, which the reader
+// runs as soon as it has drained the ring buffer: the records of one drain
+// cost one map syscall, not one each. A job's goes at once (jobs are rare and
+// must not wait for traffic).
 func (in *Injector) Publish(conn, seq uint64, tid trace.TraceID, parent trace.SpanID, sampled bool) {
 	if in == nil || !tid.IsValid() {
 		return
@@ -217,49 +229,108 @@ func (in *Injector) Publish(conn, seq uint64, tid trace.TraceID, parent trace.Sp
 		v.Flags = 1
 	}
 	k := traceKey{conn, seq}
-	if conn == 0 {
-		// A job key (0, pid) can come back when a pid is reused: a delete
-		// still pending for the old one must not remove the new one.
+	if conn != 0 {
 		in.mu.Lock()
-		in.dels = slices.DeleteFunc(in.dels, func(d traceKey) bool { return d == k })
-		in.mu.Unlock()
-	}
-	if err := in.p.TraceCtxs.Put(k, &v); err != nil {
-		// An LRU map only fails on a kernel error; the call then simply
-		// goes without a header. Say so once in a while, not per request.
-		if n := in.pubFail.Add(1); n&(n-1) == 0 {
-			in.log.Warn("cannot publish a trace context to the kernel; outbound calls go without traceparent",
-				"failures", n, "err", err)
+		if in.pubs == nil {
+			in.pubs = make(map[traceKey]traceCtx)
 		}
+		in.pubs[k] = v
+		full := len(in.pubs) >= maxPending
+		in.mu.Unlock()
+		if full {
+			in.Flush()
+		}
+		return
+	}
+	// A job key (0, pid) can come back when a pid is reused: a delete still
+	// pending for the old one must not remove the new one.
+	in.mu.Lock()
+	in.dels = slices.DeleteFunc(in.dels, func(d traceKey) bool { return d == k })
+	in.mu.Unlock()
+	if err := in.p.TraceCtxs.Put(k, &v); err != nil {
+		in.publishFailed(err)
 	}
 }
 
-// Unpublish forgets (conn, seq): its exchange is over. The delete is
-// deferred to the next Flush (a syscall per exchange saved); the key is
-// never looked up again, since connection ids are not reused.
+// publishFailed reports map write failures. An LRU map only fails on a
+// kernel error; the call then simply goes without a header. Say so once in
+// a while, not per request.
+func (in *Injector) publishFailed(err error) {
+	if n := in.pubFail.Add(1); n&(n-1) == 0 {
+		in.log.Warn("cannot publish a trace context to the kernel; outbound calls go without traceparent",
+			"failures", n, "err", err)
+	}
+}
+
+// Unpublish forgets (conn, seq): its exchange is over. A context not yet
+// flushed is simply dropped; otherwise the delete is deferred to the next
+// Flush. The key is never looked up again, since connection ids are not
+// reused.
 func (in *Injector) Unpublish(conn, seq uint64) {
 	if in == nil {
 		return
 	}
+	k := traceKey{conn, seq}
 	in.mu.Lock()
-	in.dels = append(in.dels, traceKey{conn, seq})
-	full := len(in.dels) >= maxPendingDeletes
+	if _, ok := in.pubs[k]; ok {
+		delete(in.pubs, k)
+		in.mu.Unlock()
+		return
+	}
+	in.dels = append(in.dels, k)
+	full := len(in.dels) >= maxPending
 	in.mu.Unlock()
 	if full {
 		in.Flush()
 	}
 }
 
-// Flush applies the deferred deletes, in one batch where the kernel
-// supports it. The reader calls it whenever it has drained the ring buffer.
+// Flush applies the deferred puts, then the deferred deletes, each in one
+// batch where the kernel supports it (Linux 5.6+). The reader calls it
+// whenever it has drained the ring buffer.
 func (in *Injector) Flush() {
 	if in == nil {
 		return
 	}
+	in.flushMu.Lock()
+	defer in.flushMu.Unlock()
 	in.mu.Lock()
-	keys := in.dels
+	var keys []traceKey
+	var vals []traceCtx
+	if len(in.pubs) > 0 {
+		keys = make([]traceKey, 0, len(in.pubs))
+		vals = make([]traceCtx, 0, len(in.pubs))
+		for k, v := range in.pubs {
+			keys = append(keys, k)
+			vals = append(vals, v)
+		}
+		clear(in.pubs)
+	}
+	dels := in.dels
 	in.dels = nil
 	in.mu.Unlock()
+	in.putAll(keys, vals)
+	in.deleteAll(dels)
+}
+
+func (in *Injector) putAll(keys []traceKey, vals []traceCtx) {
+	if len(keys) == 0 {
+		return
+	}
+	n, err := in.p.TraceCtxs.BatchUpdate(keys, vals, nil)
+	if err == nil {
+		return
+	}
+	// No batch operations (Linux < 5.6), or one key failed: the rest one at
+	// a time.
+	for i := n; i < len(keys); i++ {
+		if err := in.p.TraceCtxs.Put(keys[i], &vals[i]); err != nil {
+			in.publishFailed(err)
+		}
+	}
+}
+
+func (in *Injector) deleteAll(keys []traceKey) {
 	for len(keys) > 0 {
 		n, err := in.p.TraceCtxs.BatchDelete(keys, nil)
 		switch {

@@ -49,6 +49,57 @@ func TestNilInjectorIsANoOp(t *testing.T) {
 	}
 }
 
+// Publish defers a request's context to Flush; an exchange that ends before
+// it never reaches the kernel's map. A job's context goes at once.
+func TestPublishIsDeferredAndCancelled(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a BPF map (run the tests as root, as CI does)")
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 16, ValueSize: 32, MaxEntries: 1024})
+	if err != nil {
+		t.Skipf("cannot create a BPF LRU hash map here: %v", err)
+	}
+	defer m.Close()
+	in := &Injector{p: Programs{TraceCtxs: m}, log: slog.Default()}
+	var v traceCtx
+	has := func(k traceKey) bool { return m.Lookup(k, &v) == nil }
+
+	in.Publish(5, 5, trace.TraceID{5}, trace.SpanID{5}, true)
+	in.Publish(6, 6, trace.TraceID{6}, trace.SpanID{6}, false)
+	in.PublishJob(9, trace.TraceID{9}, trace.SpanID{9}, true)
+	if has(traceKey{5, 5}) || has(traceKey{6, 6}) {
+		t.Fatal("a request's context reached the map before Flush")
+	}
+	if !has(traceKey{0, 9}) {
+		t.Fatal("a job's context must reach the map at once")
+	}
+	in.Unpublish(6, 6) // ended before the flush: never written
+	in.Flush()
+	if !has(traceKey{5, 5}) || v.TraceID[0] != 5 || v.Flags != 1 {
+		t.Fatalf("after Flush, (5, 5) = %+v, want trace 5 sampled", v)
+	}
+	if has(traceKey{6, 6}) {
+		t.Fatal("an exchange unpublished before Flush was written to the map")
+	}
+	in.Publish(5, 5, trace.TraceID{7}, trace.SpanID{7}, false) // retraced
+	in.Flush()
+	if !has(traceKey{5, 5}) || v.TraceID[0] != 7 || v.Flags != 0 {
+		t.Fatalf("a republished context: (5, 5) = %+v, want trace 7 not sampled", v)
+	}
+	in.Unpublish(5, 5)
+	in.Flush()
+	if has(traceKey{5, 5}) {
+		t.Fatal("a flushed context was not deleted by the next Flush after Unpublish")
+	}
+	// Past maxPending waiting puts, Publish flushes by itself.
+	for i := uint64(100); i < 100+maxPending; i++ {
+		in.Publish(i, i, trace.TraceID{1}, trace.SpanID{1}, true)
+	}
+	if !has(traceKey{100, 100}) {
+		t.Fatalf("%d waiting puts were not flushed", maxPending)
+	}
+}
+
 // Unpublish defers deletes to Flush, which batches them past keys the kernel
 // already dropped, and a job key published again is not deleted by a delete
 // still pending for its previous owner.
