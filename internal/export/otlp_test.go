@@ -247,7 +247,7 @@ func TestOTLPOutageThenRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := NewPipeline(exp, PipelineConfig{
-		QueueSize: 200, BatchSize: 50, BatchTimeout: 20 * time.Millisecond,
+		QueueSize: 200, BatchSize: 50, MaxBatchSize: 100, BatchTimeout: 20 * time.Millisecond,
 		ExportTimeout: 300 * time.Millisecond, InitialBackoff: 50 * time.Millisecond,
 		MaxBackoff: 200 * time.Millisecond, MaxRetryTime: 800 * time.Millisecond,
 	})
@@ -279,7 +279,8 @@ func TestOTLPOutageThenRecovery(t *testing.T) {
 	}
 	for i := 0; i < int(outage/(100*time.Millisecond)); i++ {
 		submit(50)
-		if st := p.Stats(); st.QueueLen > st.QueueCap+50 {
+		// Bounded by the queue plus the batch being retried (MaxBatchSize).
+		if st := p.Stats(); st.QueueLen > st.QueueCap+100 {
 			t.Fatalf("queue grew past its bound: %+v", st)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -341,7 +342,8 @@ func TestOTLPSlowReceiverNeverBlocksSubmit(t *testing.T) {
 	if total > time.Second || worst > 50*time.Millisecond {
 		t.Errorf("Submit waited on a slow collector: total %v, worst %v", total, worst)
 	}
-	if st.Dropped == 0 || st.QueueLen > st.QueueCap+100 {
+	// Bounded by the queue plus one call's batch (MaxBatchSize, 4 x 100).
+	if st.Dropped == 0 || st.QueueLen > st.QueueCap+400 {
 		t.Errorf("want a bounded queue with drops: %+v", st)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)

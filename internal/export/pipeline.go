@@ -14,8 +14,14 @@ import (
 
 // PipelineConfig tunes a Pipeline. Zero fields take the defaults shown.
 type PipelineConfig struct {
-	QueueSize      int           // spans held while the exporter is slow or down (8192)
-	BatchSize      int           // spans per Export call (512)
+	QueueSize int // spans held while the exporter is slow or down (8192)
+	BatchSize int // spans per Export call (512)
+	// MaxBatchSize is the most spans one Export call carries when more than
+	// a batch waits (4 x BatchSize): a collector that is slow to answer
+	// then gets fewer, larger requests instead of a queue that overflows.
+	// At most QueueSize + MaxBatchSize spans are held (the queue and the
+	// batch being sent or retried).
+	MaxBatchSize   int
 	BatchTimeout   time.Duration // longest a span waits for its batch to fill (1s)
 	ExportTimeout  time.Duration // one Export attempt (10s)
 	InitialBackoff time.Duration // first wait after a failed attempt (500ms)
@@ -42,6 +48,10 @@ func (c *PipelineConfig) setDefaults() {
 	if c.BatchSize > c.QueueSize {
 		c.BatchSize = c.QueueSize
 	}
+	if c.MaxBatchSize < c.BatchSize {
+		c.MaxBatchSize = 4 * c.BatchSize
+	}
+	c.MaxBatchSize = min(c.MaxBatchSize, c.QueueSize)
 	def(&c.BatchTimeout, time.Second)
 	def(&c.ExportTimeout, 10*time.Second)
 	def(&c.InitialBackoff, 500*time.Millisecond)
@@ -253,15 +263,20 @@ func (p *Pipeline) run() {
 	}
 }
 
-// take removes the next batch from the queue: a full one, or with partial
-// set, whatever is there.
+// take removes the next batch from the queue: whole batches while at least
+// one is there (several in one call, up to MaxBatchSize, when the exporter
+// has fallen behind), or with partial set, whatever is there.
 func (p *Pipeline) take(partial bool) []spans.Span {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.n == 0 || (!partial && p.n < p.cfg.BatchSize) {
 		return nil
 	}
-	k := min(p.n, p.cfg.BatchSize)
+	k := p.n
+	if !partial {
+		k -= k % p.cfg.BatchSize
+	}
+	k = min(k, p.cfg.MaxBatchSize)
 	b := make([]spans.Span, k)
 	size := len(p.queue)
 	for i := range k {

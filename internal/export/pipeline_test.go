@@ -61,20 +61,26 @@ func named(n int) []spans.Span {
 
 func TestPipelineBatchesBySizeAndTime(t *testing.T) {
 	f := &fakeExporter{}
-	p := NewPipeline(f, PipelineConfig{BatchSize: 10, BatchTimeout: 100 * time.Millisecond})
+	p := NewPipeline(f, PipelineConfig{BatchSize: 10, MaxBatchSize: 20, BatchTimeout: 100 * time.Millisecond})
 	defer p.Shutdown(context.Background())
 
-	p.Submit(named(25)...)
-	// Two full batches go at once; the remaining 5 wait for the timer.
-	waitFor(t, time.Second, "two full batches", func() bool { return len(f.sizes()) >= 2 })
-	if s := f.sizes(); s[0] != 10 || s[1] != 10 || len(s) != 2 {
-		t.Fatalf("batches %v, want [10 10] before the timer", s)
+	p.Submit(named(9)...)
+	time.Sleep(20 * time.Millisecond)
+	if s := f.sizes(); len(s) != 0 {
+		t.Fatalf("batches %v before a batch was full or the timer ran", s)
+	}
+	p.Submit(named(36)...)
+	// 45 wait: whole batches go at once, two per call (MaxBatchSize), and
+	// the remaining 5 wait for the timer.
+	waitFor(t, time.Second, "the full batches", func() bool { return len(f.sizes()) >= 2 })
+	if s := f.sizes(); s[0] != 20 || s[1] != 20 || len(s) != 2 {
+		t.Fatalf("batches %v, want [20 20] before the timer", s)
 	}
 	waitFor(t, time.Second, "the partial batch on the timer", func() bool { return len(f.sizes()) == 3 })
 	if s := f.sizes(); s[2] != 5 {
 		t.Fatalf("batches %v", s)
 	}
-	if st := p.Stats(); st.Exported != 25 || st.QueueLen != 0 || st.Dropped != 0 {
+	if st := p.Stats(); st.Exported != 45 || st.QueueLen != 0 || st.Dropped != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
