@@ -49,6 +49,7 @@ type config struct {
 	out      string
 	failFor  time.Duration
 	delay    time.Duration
+	count    bool
 	logLevel slog.Level
 }
 
@@ -60,6 +61,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.out, "out", "", "file to append received spans to, one JSON object per line (required)")
 	fs.DurationVar(&cfg.failFor, "fail-for", 0, "answer UNAVAILABLE for this long after the first Export request, to simulate a collector outage")
 	fs.DurationVar(&cfg.delay, "delay", 0, "wait this long before answering each Export request, to simulate a slow collector")
+	fs.BoolVar(&cfg.count, "count-only", false, "accept and count spans but write none (--out not needed): for capacity runs, where the sink should cost no more than a collector's receiver")
 	verbose := fs.Bool("v", false, "log every Export request on stderr")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -67,8 +69,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q: all options are flags, see --help", fs.Args())
 	}
-	if cfg.out == "" {
-		return cfg, errors.New("--out FILE is required: it is where received spans are written")
+	if cfg.out == "" && !cfg.count {
+		return cfg, errors.New("--out FILE is required: it is where received spans are written (or --count-only)")
 	}
 	if cfg.failFor < 0 || cfg.delay < 0 {
 		return cfg, errors.New("--fail-for and --delay must not be negative")
@@ -83,11 +85,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // run serves until ctx is cancelled. The "listening" line is written to stdout
 // only once the socket is bound, so a caller may connect as soon as it reads it.
 func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger) error {
-	out, err := os.OpenFile(cfg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("opening output file: %w", err)
+	var out io.Writer
+	if !cfg.count {
+		f, err := os.OpenFile(cfg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("opening output file: %w", err)
+		}
+		defer f.Close()
+		out = f
 	}
-	defer out.Close()
 
 	s, err := newSink(cfg.listen, out, sinkOptions{failFor: cfg.failFor, delay: cfg.delay, logger: logger})
 	if err != nil {

@@ -24,11 +24,17 @@ import (
 // startSink serves a sink on a free port until the test ends.
 func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
 	t.Helper()
-	out, err := os.OpenFile(cfg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
+	var out *os.File
+	var w io.Writer // nil with count: --count-only
+	if !cfg.count {
+		var err error
+		out, err = os.OpenFile(cfg.out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w = out
 	}
-	s, err := newSink(cfg.listen, out, sinkOptions{failFor: cfg.failFor, delay: cfg.delay})
+	s, err := newSink(cfg.listen, w, sinkOptions{failFor: cfg.failFor, delay: cfg.delay})
 	if err != nil {
 		t.Fatalf("starting sink: %v", err)
 	}
@@ -39,9 +45,28 @@ func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
 		if err := <-done; err != nil {
 			t.Errorf("sink: %v", err)
 		}
-		out.Close()
+		if out != nil {
+			out.Close()
+		}
 	})
 	return s.Addr().String(), s.Stats
+}
+
+// --count-only accepts and counts, writes nothing, and needs no --out.
+func TestCountOnlyCountsAndWritesNothing(t *testing.T) {
+	cfg, err := parseFlags([]string{"--count-only"}, io.Discard)
+	if err != nil || !cfg.count {
+		t.Fatalf("parseFlags(--count-only) = %+v, %v", cfg, err)
+	}
+	addr, stats := startSink(t, cfg)
+	tr := newProvider(t, addr, "nemo-gym/simple_agent", false).Tracer("gymtrace-test")
+	for i := 0; i < 3; i++ {
+		_, s := tr.Start(context.Background(), "POST /run")
+		s.End()
+	}
+	if st := stats(); st.Requests != 3 || st.Spans != 3 {
+		t.Fatalf("stats %+v, want 3 requests of one span", st)
+	}
 }
 
 func newProvider(t *testing.T, addr string, svc string, retry bool) *sdktrace.TracerProvider {

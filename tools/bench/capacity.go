@@ -106,7 +106,7 @@ func capOnce(ctx context.Context, o capOptions, dir, exporter string, rate, rep,
 		args = append(args, "--exporter", "jsonl", "--output", "/dev/null")
 	case "otlp":
 		sink, sinkAddr, err := startListening("otlpsink",
-			pinned(o.LoadCPUs, []string{o.Sink, "--listen", "127.0.0.1:0", "--out", "/dev/null"}),
+			pinned(o.LoadCPUs, []string{o.Sink, "--listen", "127.0.0.1:0", "--count-only"}),
 			filepath.Join(dir, fmt.Sprintf("otlpsink-r%d-%d.log", rate, rep)))
 		if err != nil {
 			return run, err
