@@ -347,6 +347,14 @@ func (t *tracer) addTarget(p *discover.Process) {
 		t.log.Warn("cannot trace process", "pid", p.PID, "err", err)
 		return
 	}
+	// Its pooled keep-alive connections from before now would otherwise
+	// never carry traceparent (sock_ops sees only new ones).
+	if n, err := t.inj.AdoptConnections(p.PID); err != nil {
+		t.log.Warn("cannot add the process's existing connections to traceparent injection; they get no header until replaced",
+			"pid", p.PID, "adopted", n, "err", err)
+	} else if n > 0 {
+		t.log.Info("existing outbound connections adopted for traceparent injection", "pid", p.PID, "connections", n)
+	}
 	t.py.add(p.PID)
 	if p.Role == loader.RoleOrchestrator && t.spans != nil {
 		// Its calls carry its gym.job's trace from the first one on.

@@ -42,6 +42,7 @@ type Programs struct {
 	TraceCtxs *ebpf.Map // gt_trace_ctxs
 	Socks     *ebpf.Map // gt_inject_socks (sockhash)
 	Stats     *ebpf.Map // gt_inject_stats (per-CPU)
+	Procs     *ebpf.Map // gt_inject_procs: processes owning a socket in Socks
 }
 
 // Options configure Attach.

@@ -437,7 +437,7 @@ const FlagInjected = uint16(bpfGtEventFlagGT_F_INJECTED)
 type InjectObjects struct {
 	SockOps, SkMsg                                     *ebpf.Program
 	EnterWrite, EnterSendto, EnterWritev, EnterSendmsg *ebpf.Program
-	Config, TraceCtxs, Socks, Stats                    *ebpf.Map
+	Config, TraceCtxs, Socks, Stats, Procs             *ebpf.Map
 }
 
 // InjectObjects returns the injection programs and maps.
@@ -447,7 +447,7 @@ func (t *Tracer) InjectObjects() InjectObjects {
 		EnterWrite: t.objs.GtInjectEnterWrite, EnterSendto: t.objs.GtInjectEnterSendto,
 		EnterWritev: t.objs.GtInjectEnterWritev, EnterSendmsg: t.objs.GtInjectEnterSendmsg,
 		Config: t.objs.GtInjectConfig, TraceCtxs: t.objs.GtTraceCtxs,
-		Socks: t.objs.GtInjectSocks, Stats: t.objs.GtInjectStats,
+		Socks: t.objs.GtInjectSocks, Stats: t.objs.GtInjectStats, Procs: t.objs.GtInjectProcs,
 	}
 }
 

@@ -39,6 +39,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runClient())
 	case "bench":
 		os.Exit(runBenchClient())
+	case "preconnected":
+		os.Exit(runPreconnected())
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childEnv, os.Getenv(childEnv))
 		os.Exit(2)
@@ -120,6 +122,7 @@ func programs(o *testbpf.Objects) inject.Programs {
 		EnterWrite: o.GtInjectEnterWrite, EnterSendto: o.GtInjectEnterSendto,
 		EnterWritev: o.GtInjectEnterWritev, EnterSendmsg: o.GtInjectEnterSendmsg,
 		Config: o.GtInjectConfig, TraceCtxs: o.GtTraceCtxs, Socks: o.GtInjectSocks, Stats: o.GtInjectStats,
+		Procs: o.GtInjectProcs,
 	}
 }
 
