@@ -49,9 +49,10 @@ func TestNilInjectorIsANoOp(t *testing.T) {
 	}
 }
 
-// Publish defers a request's context to Flush; an exchange that ends before
-// it never reaches the kernel's map. A job's context goes at once.
-func TestPublishIsDeferredAndCancelled(t *testing.T) {
+// testInjector is an Injector over a trace-context map of the kernel's shape,
+// with no programs: enough for Publish, Unpublish and Flush.
+func testInjector(t *testing.T) (*Injector, *ebpf.Map) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create a BPF map (run the tests as root, as CI does)")
 	}
@@ -59,8 +60,14 @@ func TestPublishIsDeferredAndCancelled(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot create a BPF LRU hash map here: %v", err)
 	}
-	defer m.Close()
-	in := &Injector{p: Programs{TraceCtxs: m}, log: slog.Default()}
+	t.Cleanup(func() { m.Close() })
+	return &Injector{p: Programs{TraceCtxs: m}, log: slog.Default()}, m
+}
+
+// Publish defers a request's context to Flush; an exchange that ends before
+// it never reaches the kernel's map. A job's context goes at once.
+func TestPublishIsDeferredAndCancelled(t *testing.T) {
+	in, m := testInjector(t)
 	var v traceCtx
 	has := func(k traceKey) bool { return m.Lookup(k, &v) == nil }
 
@@ -104,15 +111,7 @@ func TestPublishIsDeferredAndCancelled(t *testing.T) {
 // already dropped, and a job key published again is not deleted by a delete
 // still pending for its previous owner.
 func TestUnpublishIsDeferredAndBatched(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a BPF map (run the tests as root, as CI does)")
-	}
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 16, ValueSize: 32, MaxEntries: 1024})
-	if err != nil {
-		t.Skipf("cannot create a BPF LRU hash map here: %v", err)
-	}
-	defer m.Close()
-	in := &Injector{p: Programs{TraceCtxs: m}, log: slog.Default()}
+	in, m := testInjector(t)
 	for i := uint64(1); i <= 300; i++ {
 		in.Publish(i, i, trace.TraceID{1}, trace.SpanID{1}, true)
 	}
