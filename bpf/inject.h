@@ -156,6 +156,17 @@ static __always_inline struct gt_inject_config *gt_inj_cfg(void)
 	return bpf_map_lookup_elem(&gt_inject_config, &zero);
 }
 
+// Injection is on and http_client is enabled (the calls it names are that
+// group's spans). Otherwise every injection program leaves at once: no
+// socket enters the sockhash, no write is looked at, nothing is inserted,
+// so a selection without http_client pays two array lookups per hook.
+static __always_inline int gt_inject_wanted(void)
+{
+	struct gt_inject_config *icfg = gt_inj_cfg();
+	struct gt_config *cfg = gt_cfg();
+	return icfg && cfg && (icfg->flags & GT_INJ_ON) && (cfg->mask & GT_GROUP_HTTP_CLIENT);
+}
+
 // Draws a new trace id into id[16] and returns its sampled bit: the rule
 // OpenTelemetry's TraceIDRatioBased applies, (big-endian id[8:16] >> 1) <
 // root_bound, so the kernel and userspace agree on every new trace.
@@ -353,6 +364,8 @@ static __always_inline int gt_inj_first_buf(int kind, __u64 a1, __u64 a2, __u64 
 static __always_inline int gt_inject_enter_target(__u64 id, int kind, __u64 a0, __u64 a1, __u64 a2)
 {
 	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!gt_inject_wanted())
+		return 0;
 	// Only a process owning a socket in gt_inject_socks can have a header
 	// inserted (the sk_msg program runs for those sockets alone): for any
 	// other target this is one lookup and out.
@@ -369,10 +382,6 @@ static __always_inline int gt_inject_enter_target(__u64 id, int kind, __u64 a0, 
 	struct gt_inject_rec *old = bpf_map_lookup_elem(&gt_inject_recs, &tid);
 	if (old)
 		old->state = GT_INJ_NONE;
-	struct gt_inject_config *icfg = gt_inj_cfg();
-	struct gt_config *cfg = gt_cfg();
-	if (!icfg || !cfg || !(icfg->flags & GT_INJ_ON) || !(cfg->mask & GT_GROUP_HTTP_CLIENT))
-		return 0;
 	__u32 ports = 0;
 	if (c) {
 		// Only where the parser knows a message starts: an idle request
@@ -469,8 +478,7 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 
 static __always_inline int gt_inject_proc(__u32 tgid)
 {
-	struct gt_inject_config *icfg = gt_inj_cfg();
-	return icfg && (icfg->flags & GT_INJ_ON) && bpf_map_lookup_elem(&gt_inject_procs, &tgid);
+	return gt_inject_wanted() && bpf_map_lookup_elem(&gt_inject_procs, &tgid);
 }
 
 static __always_inline int gt_unhex(__u8 c)
@@ -493,8 +501,7 @@ __noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io || c->side != GT_SIDE_SERVER || !(io->mask & GT_GROUP_SERVER))
 		return 0;
-	struct gt_inject_config *icfg = gt_inj_cfg();
-	if (!icfg || !(icfg->flags & GT_INJ_ON))
+	if (!gt_inject_wanted())
 		return 0;
 	const __u8 *tp = c->req.traceparent;
 	if (tp[0] != '0' || tp[1] != '0' || tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
@@ -640,10 +647,7 @@ int gt_inject_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
 		// connect() runs in the caller's context.
 		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-		if (!gt_is_target(tgid))
-			return 1;
-		struct gt_inject_config *icfg = gt_inj_cfg();
-		if (!icfg || !(icfg->flags & GT_INJ_ON))
+		if (!gt_is_target(tgid) || !gt_inject_wanted())
 			return 1;
 		cookie = bpf_get_socket_cookie(skops);
 		bpf_map_update_elem(&gt_inject_pending, &cookie, &tgid, BPF_ANY);
@@ -675,6 +679,10 @@ int gt_inject_msg(struct sk_msg_md *msg)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
+	// Switched off (a reload without http_client): a decision left from
+	// before must not be used; userspace empties the sockhash too.
+	if (!gt_inject_wanted())
+		return SK_PASS;
 	struct gt_inject_rec *r = bpf_map_lookup_elem(&gt_inject_recs, &tid);
 	if (!r || r->state != GT_INJ_PREPARED || r->tgid != (__u32)(id >> 32))
 		return SK_PASS;

@@ -36,13 +36,16 @@ import (
 // tracer is one running gymtrace: discovery feeds targets to the loader, the
 // ring-buffer reader feeds the span pipeline, the pipeline feeds the exporter.
 type tracer struct {
-	log   *slog.Logger
-	cfg   *config.Config
-	kern  *loader.Tracer
-	tls   *gttls.Attacher  // HTTPS: OpenSSL probes per target
-	inj   *inject.Injector // traceparent into outbound requests; nil when off
-	spans *spans.Pipeline
-	out   *export.Pipeline
+	log  *slog.Logger
+	cfg  *config.Config
+	kern *loader.Tracer
+	tls  *gttls.Attacher  // HTTPS: OpenSSL probes per target
+	inj  *inject.Injector // traceparent into outbound requests; nil when off
+	// injWanted: http_client is enabled, so targets' outbound sockets belong
+	// in the injection sockhash (the kernel checks the mask itself).
+	injWanted atomic.Bool
+	spans     *spans.Pipeline
+	out       *export.Pipeline
 
 	py *pyTargets
 
@@ -95,6 +98,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	}
 	defer t.tls.Close()
 	t.inj = startInjector(kern, cfg, log)
+	t.injWanted.Store(cfg.Mask.Has(groups.HTTPClient))
 	defer func() {
 		if err := t.inj.Close(); err != nil {
 			log.Debug("detaching traceparent injection", "err", err)
@@ -207,6 +211,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 				return err
 			}
 			t.spans.Builder().SetMask(nc.Mask)
+			t.setInjectWanted(nc.Mask.Has(groups.HTTPClient))
 			t.py.setMask(nc.Mask)
 			t.tls.SetEnabled(tlsWanted(nc.Mask))
 			log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
@@ -347,13 +352,8 @@ func (t *tracer) addTarget(p *discover.Process) {
 		t.log.Warn("cannot trace process", "pid", p.PID, "err", err)
 		return
 	}
-	// Its pooled keep-alive connections from before now would otherwise
-	// never carry traceparent (sock_ops sees only new ones).
-	if n, err := t.inj.AdoptConnections(p.PID); err != nil {
-		t.log.Warn("cannot add the process's existing connections to traceparent injection; they get no header until replaced",
-			"pid", p.PID, "adopted", n, "err", err)
-	} else if n > 0 {
-		t.log.Info("existing outbound connections adopted for traceparent injection", "pid", p.PID, "connections", n)
+	if t.injWanted.Load() {
+		t.adoptConnections(p.PID)
 	}
 	t.py.add(p.PID)
 	if p.Role == loader.RoleOrchestrator && t.spans != nil {
@@ -362,6 +362,42 @@ func (t *tracer) addTarget(p *discover.Process) {
 	}
 	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
 	_ = t.tls.Add(p.PID) // failures are logged by the attacher; plain HTTP is traced regardless
+}
+
+// adoptConnections puts pid's pooled keep-alive connections from before now
+// in the injection sockhash; otherwise they would never carry traceparent
+// (sock_ops sees only new ones).
+func (t *tracer) adoptConnections(pid int) {
+	if n, err := t.inj.AdoptConnections(pid); err != nil {
+		t.log.Warn("cannot add the process's existing connections to traceparent injection; they get no header until replaced",
+			"pid", pid, "adopted", n, "err", err)
+	} else if n > 0 {
+		t.log.Info("existing outbound connections adopted for traceparent injection", "pid", pid, "connections", n)
+	}
+}
+
+// setInjectWanted follows a reload: without http_client the targets'
+// sockets leave the injection sockhash (their writes take the plain TCP
+// path again); with it back, their open connections are adopted again.
+func (t *tracer) setInjectWanted(on bool) {
+	if t.inj == nil || t.injWanted.Swap(on) == on {
+		return
+	}
+	if !on {
+		if err := t.inj.ReleaseConnections(); err != nil {
+			t.log.Warn("emptying the injection sockhash", "err", err)
+		}
+		return
+	}
+	t.mu.RLock()
+	pids := make([]int, 0, len(t.procs))
+	for pid := range t.procs {
+		pids = append(pids, pid)
+	}
+	t.mu.RUnlock()
+	for _, pid := range pids {
+		t.adoptConnections(pid)
+	}
 }
 
 func (t *tracer) removeTarget(p *discover.Process) {

@@ -166,3 +166,49 @@ func outboundInTables(tables []string, inodeFD map[uint64]int) []int {
 	}
 	return fds
 }
+
+// ReleaseConnections takes every socket out of the injection sockhash and
+// forgets which processes own one: for a reload that turns http_client off,
+// after which the kernel adds none (gt_inject_wanted). Their writes then
+// take the plain TCP path again instead of passing the sk_msg program.
+// AdoptConnections puts them back when http_client comes on again.
+func (in *Injector) ReleaseConnections() error {
+	if in == nil {
+		return nil
+	}
+	var errs []error
+	for _, m := range []*ebpf.Map{in.p.Socks, in.p.Procs} {
+		if m == nil {
+			continue
+		}
+		if err := clearMap(m); err != nil {
+			errs = append(errs, fmt.Errorf("emptying %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// clearMap deletes every key of a hash-like map. Keys are collected first
+// (deleting while walking would restart the walk), at most MaxEntries of
+// them, since the kernel may add keys meanwhile.
+func clearMap(m *ebpf.Map) error {
+	var keys [][]byte
+	var prev any
+	for len(keys) < int(m.MaxEntries()) {
+		next, err := m.NextKeyBytes(prev)
+		if err != nil {
+			return err
+		}
+		if next == nil {
+			break
+		}
+		keys = append(keys, next)
+		prev = next
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}

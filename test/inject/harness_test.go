@@ -41,6 +41,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runBenchClient())
 	case "preconnected":
 		os.Exit(runPreconnected())
+	case "connectlater":
+		os.Exit(runConnectLater())
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childEnv, os.Getenv(childEnv))
 		os.Exit(2)
