@@ -311,3 +311,19 @@ func TestCounterAndFloor(t *testing.T) {
 		t.Fatalf("an unwatched process was counted: %d -> %d", b2["sys_exit_write"], a2["sys_exit_write"])
 	}
 }
+
+// Programs that run for the targets alone (uprobes, sk_msg on the injection
+// sockhash) count every hit as the targets'; a syscall hook only the hits
+// the counter saw, less the host's share of its run time.
+func TestTargetsOnlyPrograms(t *testing.T) {
+	for _, typ := range []string{"Kprobe", "SkMsg"} {
+		p := progDelta{Type: typ, Hits: 10, RuntimeNs: 5000}
+		if p.targetHits() != 10 || p.targetRuntimeNs() != 5000 {
+			t.Errorf("%s: target hits %d, run time %v; want all of them", typ, p.targetHits(), p.targetRuntimeNs())
+		}
+	}
+	p := progDelta{Type: "TracePoint", Hits: 10, RuntimeNs: 5000, TargetHits: 4, IdleHits: 100, IdleRuntimeNs: 10000}
+	if p.targetHits() != 4 || p.targetRuntimeNs() != 5000-6*100 {
+		t.Errorf("tracepoint: target hits %d, run time %v; want 4 and 4400", p.targetHits(), p.targetRuntimeNs())
+	}
+}

@@ -294,7 +294,7 @@ func (rep *Report) analyseWorkload() {
 				a.rt += p.RuntimeNs
 				a.thits += p.targetHits()
 				a.trt += p.targetRuntimeNs()
-				if !p.isUprobe() {
+				if !p.targetsOnly() {
 					a.idleRT += float64(p.IdleRuntimeNs)
 					a.idleHostHits += float64(p.IdleHits - min(p.IdleHits, p.IdleTargetHits))
 				}

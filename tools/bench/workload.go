@@ -56,14 +56,15 @@ type progDelta struct {
 	IdleRuntimeNs  uint64 `json:"idle_runtime_ns"`
 }
 
-// isUprobe: a uprobe program fires only in processes that map the probed
-// binary, which here are the traced Python servers, so all its hits are
-// counted as theirs.
-func (p progDelta) isUprobe() bool { return p.Type == "Kprobe" }
+// targetsOnly: a program that runs for the traced servers alone, so all its
+// hits are counted as theirs: a uprobe fires only in processes that map the
+// probed binary (here the traced Python servers), and the sk_msg program
+// only for sockets in the injection sockhash (the targets' outbound ones).
+func (p progDelta) targetsOnly() bool { return p.Type == "Kprobe" || p.Type == "SkMsg" }
 
 // targetHits are the runs on behalf of the traced servers.
 func (p progDelta) targetHits() uint64 {
-	if p.isUprobe() {
+	if p.targetsOnly() {
 		return p.Hits
 	}
 	return p.TargetHits
@@ -72,7 +73,7 @@ func (p progDelta) targetHits() uint64 {
 // hostNsPerHit is the cost of a run of this program for a process that is
 // not traced, from the idle window; NaN when the window saw none.
 func (p progDelta) hostNsPerHit() float64 {
-	if p.isUprobe() || p.IdleHits <= p.IdleTargetHits {
+	if p.targetsOnly() || p.IdleHits <= p.IdleTargetHits {
 		return math.NaN()
 	}
 	return float64(p.IdleRuntimeNs) / float64(p.IdleHits-p.IdleTargetHits)
@@ -81,7 +82,7 @@ func (p progDelta) hostNsPerHit() float64 {
 // targetRuntimeNs is the run time spent on the traced servers' syscalls:
 // the total less the host's hits at the idle cost per hit.
 func (p progDelta) targetRuntimeNs() float64 {
-	if p.isUprobe() {
+	if p.targetsOnly() {
 		return float64(p.RuntimeNs)
 	}
 	if p.TargetHits == 0 {
