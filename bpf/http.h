@@ -341,6 +341,7 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 		__u32 n = len - off;
 		if (n > GT_SCRATCH)
 			n = GT_SCRATCH;
+		sc->reuse_id = 0; // buf is overwritten (see struct gt_scratch)
 		if (bpf_probe_read_user(sc->buf, n, (void *)(ubuf + off)))
 			break;
 		int i;

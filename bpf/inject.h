@@ -56,6 +56,7 @@ struct gt_inject_rec {
 	__u64 py_root;
 	__u64 cause_conn;
 	__u64 cause_seq;
+	__u64 scan_gen; // gt_inject_check's scan in the scratch (struct gt_scratch)
 };
 
 // Per-CPU working memory of gt_inject_decide: the ids and the record being
@@ -206,6 +207,7 @@ __noinline int gt_inject_check(__u64 ubuf, __u32 len)
 	// the window only when the block goes on (a write often carries the
 	// body too, which is never needed here).
 	__u32 n = max > 512 ? 512 : max;
+	sc->reuse_id = 0; // buf is overwritten (see struct gt_scratch)
 	if (n < GT_PEEK || bpf_probe_read_user(sc->buf, n, (void *)ubuf))
 		return 0;
 	__u16 arg = 0;
@@ -245,6 +247,14 @@ __noinline int gt_inject_check(__u64 ubuf, __u32 len)
 	    b[(v + 6) & GT_SCRATCH_MASK] != '.' || b[(v + 8) & GT_SCRATCH_MASK] != '\r')
 		return 0;
 	__builtin_memcpy(st->rec.head, sc->buf, GT_INJ_HEAD);
+	// Leave the scan for this write's sys_exit (gt_headers_body). The
+	// generation ties it to this syscall: the thread's record carries it.
+	sc->reuse_id = bpf_get_current_pid_tgid();
+	sc->reuse_ubuf = ubuf;
+	sc->reuse_n = n;
+	sc->reuse_max = max;
+	sc->reuse_gen = bpf_ktime_get_ns();
+	st->rec.scan_gen = sc->reuse_gen;
 	return le;
 }
 
@@ -459,6 +469,8 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 	if (!r || r->tgid != tgid || r->fd != io->fd)
 		return 0;
 	int have_py = r->state != GT_INJ_NONE && r->py_ok;
+	if (r->state != GT_INJ_NONE)
+		io->scan_gen = r->scan_gen;
 	if (r->state == GT_INJ_PUSHED) {
 		__builtin_memcpy(c->req.traceparent, &r->line[GT_INJ_NAME_LEN], GT_TRACEPARENT_LEN);
 		c->req.flags |= GT_F_TRACEPARENT | GT_F_INJECTED;

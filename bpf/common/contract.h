@@ -103,6 +103,7 @@ enum gt_stat {
 	GT_STAT_TLS_EVENTS = 41,   // http events emitted from TLS plaintext
 	GT_STAT_TLS_LINKED = 42,   // SSL objects linked to their socket
 	GT_STAT_UNSAMPLED = 43,    // inbound requests whose traceparent says not sampled: nothing copied out
+	GT_STAT_SCAN_REUSED = 44,  // request heads parsed from injection's scan at sys_enter, not read again
 	GT_STAT_MAX = 48,
 };
 

@@ -102,7 +102,16 @@ struct gt_scratch {
 	struct gt_route_key route_key;
 	__u8 peek[32];    // a message start, with bytes kept from the previous syscall
 	__u32 peek_flags; // gt_peek_start: accumulators
-	__u32 _pad_peek;
+	// The header scan gt_inject_check made at a write's sys_enter, for the
+	// parser at the same write's sys_exit (gt_headers_body) to use instead of
+	// reading and scanning the same bytes again. Valid while reuse_id is the
+	// thread's pid_tgid; every other writer of buf clears it.
+	__u32 reuse_n;   // bytes read into buf
+	__u64 reuse_id;  // pid_tgid of the write, 0: nothing to reuse
+	__u64 reuse_ubuf;
+	__u64 reuse_gen; // also in the thread's gt_inject_rec: that very syscall
+	__u32 reuse_max;
+	__u32 _pad_reuse;
 	struct gt_conn conn; // a zeroed template for new connections
 };
 

@@ -561,9 +561,10 @@ func (t *tracer) metricSources() metrics.Sources {
 				"resync":        st[loader.StatResync],
 				"skipped_bytes": st[loader.StatSkippedBytes],
 				"unsampled":     st[loader.StatUnsampled],
-				"tls_calls":     st[loader.StatTLSCalls],  // OpenSSL probe runs in targets
-				"tls_events":    st[loader.StatTLSEvents], // records from TLS plaintext
-				"tls_linked":    st[loader.StatTLSLinked], // SSL objects tied to their socket
+				"scan_reused":   st[loader.StatScanReused], // client request heads not read twice (injection's scan)
+				"tls_calls":     st[loader.StatTLSCalls],   // OpenSSL probe runs in targets
+				"tls_events":    st[loader.StatTLSEvents],  // records from TLS plaintext
+				"tls_linked":    st[loader.StatTLSLinked],  // SSL objects tied to their socket
 			}
 			injectCounters(t.inj, out)
 			return out

@@ -205,6 +205,7 @@ type bpfGtInjectRec struct {
 	PyRoot    uint64
 	CauseConn uint64
 	CauseSeq  uint64
+	ScanGen   uint64
 }
 
 type bpfGtInjectStat uint32
@@ -409,7 +410,12 @@ type bpfGtScratch struct {
 	RouteKey  bpfGtRouteKey
 	Peek      [32]uint8
 	PeekFlags uint32
-	PadPeek   uint32
+	ReuseN    uint32
+	ReuseId   uint64
+	ReuseUbuf uint64
+	ReuseGen  uint64
+	ReuseMax  uint32
+	PadReuse  uint32
 	Conn      bpfGtConn
 }
 
@@ -438,6 +444,7 @@ const (
 	bpfGtStatGT_STAT_TLS_EVENTS    bpfGtStat = 41
 	bpfGtStatGT_STAT_TLS_LINKED    bpfGtStat = 42
 	bpfGtStatGT_STAT_UNSAMPLED     bpfGtStat = 43
+	bpfGtStatGT_STAT_SCAN_REUSED   bpfGtStat = 44
 	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
 )
 

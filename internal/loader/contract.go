@@ -123,6 +123,7 @@ const (
 	StatSkippedBytes = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
 	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
 	StatUnsampled    = uint32(bpfGtStatGT_STAT_UNSAMPLED)
+	StatScanReused   = uint32(bpfGtStatGT_STAT_SCAN_REUSED)
 	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)  // TLS probe runs in targets
 	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS) // records emitted from TLS plaintext
 	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED) // SSL objects linked to their socket

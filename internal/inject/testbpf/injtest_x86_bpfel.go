@@ -192,6 +192,7 @@ type injtestGtInjectRec struct {
 	PyRoot    uint64
 	CauseConn uint64
 	CauseSeq  uint64
+	ScanGen   uint64
 }
 
 type injtestGtInjectStat uint32
@@ -320,7 +321,12 @@ type injtestGtScratch struct {
 	RouteKey  injtestGtRouteKey
 	Peek      [32]uint8
 	PeekFlags uint32
-	PadPeek   uint32
+	ReuseN    uint32
+	ReuseId   uint64
+	ReuseUbuf uint64
+	ReuseGen  uint64
+	ReuseMax  uint32
+	PadReuse  uint32
 	Conn      injtestGtConn
 }
 
@@ -341,6 +347,7 @@ const (
 	injtestGtStatGT_STAT_TLS_EVENTS    injtestGtStat = 41
 	injtestGtStatGT_STAT_TLS_LINKED    injtestGtStat = 42
 	injtestGtStatGT_STAT_UNSAMPLED     injtestGtStat = 43
+	injtestGtStatGT_STAT_SCAN_REUSED   injtestGtStat = 44
 	injtestGtStatGT_STAT_MAX           injtestGtStat = 48
 )
 

@@ -240,7 +240,12 @@ type pytestGtScratch struct {
 	RouteKey  pytestGtRouteKey
 	Peek      [32]uint8
 	PeekFlags uint32
-	PadPeek   uint32
+	ReuseN    uint32
+	ReuseId   uint64
+	ReuseUbuf uint64
+	ReuseGen  uint64
+	ReuseMax  uint32
+	PadReuse  uint32
 	Conn      pytestGtConn
 }
 

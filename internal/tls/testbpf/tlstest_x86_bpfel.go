@@ -256,7 +256,12 @@ type tlstestGtScratch struct {
 	RouteKey  tlstestGtRouteKey
 	Peek      [32]uint8
 	PeekFlags uint32
-	PadPeek   uint32
+	ReuseN    uint32
+	ReuseId   uint64
+	ReuseUbuf uint64
+	ReuseGen  uint64
+	ReuseMax  uint32
+	PadReuse  uint32
 	Conn      tlstestGtConn
 }
 
@@ -277,6 +282,7 @@ const (
 	tlstestGtStatGT_STAT_TLS_EVENTS    tlstestGtStat = 41
 	tlstestGtStatGT_STAT_TLS_LINKED    tlstestGtStat = 42
 	tlstestGtStatGT_STAT_UNSAMPLED     tlstestGtStat = 43
+	tlstestGtStatGT_STAT_SCAN_REUSED   tlstestGtStat = 44
 	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 48
 )
 
