@@ -50,15 +50,14 @@ func ProtoSpans(batch []spans.Span, res *Resources) []*tracepb.ResourceSpans {
 	out := make([]*tracepb.ResourceSpans, len(rsrc))
 	// One backing array for every resource's span pointers, cut by counts.
 	ptrs := make([]*tracepb.Span, len(batch))
-	start := make([]int, len(rsrc))
 	for j, off := 0, 0; j < len(rsrc); j++ {
-		start[j] = off
+		from := off
 		off += count[j]
 		out[j] = &tracepb.ResourceSpans{
-			Resource: &resourcepb.Resource{Attributes: iterValues(rsrc[j].Iter())},
+			Resource: &resourcepb.Resource{Attributes: anyKeyValues(rsrc[j].Attributes())},
 			ScopeSpans: []*tracepb.ScopeSpans{{
 				Scope: scope,
-				Spans: ptrs[start[j]:start[j]:off],
+				Spans: ptrs[from:from:off],
 			}},
 			SchemaUrl: rsrc[j].SchemaURL(),
 		}
@@ -171,18 +170,6 @@ func (k *kvSlab) values(attrs []attribute.KeyValue) []*commonpb.KeyValue {
 		k.ptrs = append(k.ptrs, kv)
 	}
 	return k.ptrs[first:len(k.ptrs):len(k.ptrs)]
-}
-
-func iterValues(it attribute.Iterator) []*commonpb.KeyValue {
-	if it.Len() == 0 {
-		return nil
-	}
-	out := make([]*commonpb.KeyValue, 0, it.Len())
-	for it.Next() {
-		a := it.Attribute()
-		out = append(out, &commonpb.KeyValue{Key: string(a.Key), Value: anyValue(a.Value)})
-	}
-	return out
 }
 
 func anyKeyValues(attrs []attribute.KeyValue) []*commonpb.KeyValue {
