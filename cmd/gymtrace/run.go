@@ -186,6 +186,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		}
 	}()
 
+	tuneGC(log, os.LookupEnv)
 	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
 		"exporter", cfg.Exporter)
 	if m != nil {

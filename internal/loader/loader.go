@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 )
 
 // Options tune the kernel side. Zero values take the compiled-in defaults.
@@ -38,6 +39,14 @@ type Tracer struct {
 	cfg Config
 
 	profTime bool // GYMTRACE_PROF_TIME=1: the programs time their sections (ProfTable)
+
+	// The kernel's forced ring-buffer wakeups, through Go's netpoller (see Read).
+	wakeFile *os.File
+	wakeOnce sync.Once
+	wakeCh   chan struct{}
+	// pollEvery replaces PollInterval when set (tests: a reader that only
+	// wakeups can move).
+	pollEvery time.Duration
 }
 
 // syscall tracepoints, in attach order. Only exits of the data syscalls are
@@ -148,6 +157,9 @@ func Load(opts Options) (*Tracer, error) {
 		return nil, fmt.Errorf("opening the ring buffer: %w", err)
 	}
 	t.rd = rd
+	if t.wakeFile, err = newWakeFile(t.objs.GtEvents.FD()); err != nil {
+		t.log.Debug("ring-buffer wakeups unavailable: polling only", "err", err)
+	}
 	return t, nil
 }
 
@@ -368,44 +380,123 @@ const (
 	MaxPollInterval = 400 * time.Millisecond
 )
 
+// pastDeadline makes the ring-buffer reader's ReadInto return
+// os.ErrDeadlineExceeded as soon as the ring is empty: it never blocks.
+var pastDeadline = time.Unix(1, 0)
+
 // Read delivers ring-buffer records to fn until ctx ends or the tracer is
 // closed; when ctx ends, what is already in the buffer is delivered first.
 // The slice passed to fn is reused: fn must copy what it keeps.
+//
+// Between drains the reader waits in Go's scheduler (a timer, the kernel's
+// wakeups through the netpoller, ctx), never in a blocking epoll_wait: a
+// goroutine parked in a syscall keeps its P busy, and Go's sysmon thread
+// then keeps waking (hundreds of times a second here) to take the P back,
+// which on a machine shared with the traced servers is their CPU.
 func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 	var rec ringbuf.Record
-	// The deadline is re-armed only when a poll ran out, not per record:
-	// records already in the buffer are read before an expired deadline is
-	// reported.
-	interval := PollInterval
-	t.rd.SetDeadline(time.Now().Add(interval))
-	draining, got := false, false
+	t.rd.SetDeadline(pastDeadline)
+	wake := t.wakeups()
+	base := PollInterval
+	if t.pollEvery > 0 {
+		base = t.pollEvery
+	}
+	interval := base
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
 	for {
-		if !draining && ctx.Err() != nil {
-			draining = true
-			t.rd.SetDeadline(time.Now()) // drain, then stop
+		got, err := t.drain(&rec, fn)
+		if err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("reading the ring buffer: %w", err)
 		}
-		err := t.rd.ReadInto(&rec)
+		if got {
+			interval = base
+		}
+		select {
+		case <-ctx.Done():
+			// What is in the buffer now is delivered, then stop.
+			if _, err := t.drain(&rec, fn); err != nil && !errors.Is(err, ringbuf.ErrClosed) && !errors.Is(err, os.ErrClosed) {
+				return fmt.Errorf("reading the ring buffer: %w", err)
+			}
+			return nil
+		case <-wake:
+		case <-timer.C:
+			if !got {
+				interval = max(min(2*interval, MaxPollInterval), base)
+			}
+			timer.Reset(interval)
+		}
+	}
+}
+
+// drain delivers every record in the ring now; got: at least one.
+func (t *Tracer) drain(rec *ringbuf.Record, fn func(raw []byte)) (got bool, err error) {
+	for {
+		err := t.rd.ReadInto(rec)
 		switch {
 		case err == nil:
 			got = true
 			fn(rec.RawSample)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if draining {
-				return nil
-			}
-			if got {
-				interval = PollInterval
-			} else {
-				interval = min(2*interval, MaxPollInterval)
-			}
-			got = false
-			t.rd.SetDeadline(time.Now().Add(interval))
-		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
-			return nil
+			return got, nil
 		default:
-			return fmt.Errorf("reading the ring buffer: %w", err)
+			return got, err
 		}
 	}
+}
+
+// wakeups returns a channel that gets a value when the kernel wakes the ring
+// buffer's readers (a forced wakeup: process events, a full quarter).
+// The wait is a non-blocking duplicate of the ring's fd in Go's netpoller,
+// started once per tracer. Where the netpoller cannot take the fd, nothing
+// is ever sent and the reader relies on its poll interval alone.
+func (t *Tracer) wakeups() <-chan struct{} {
+	t.wakeOnce.Do(func() {
+		t.wakeCh = make(chan struct{}, 1)
+		if t.wakeFile == nil {
+			return
+		}
+		rc, err := t.wakeFile.SyscallConn()
+		if err != nil {
+			t.log.Debug("ring-buffer wakeups unavailable: polling only", "err", err)
+			return
+		}
+		go func() {
+			// The callback runs at every readiness edge (the netpoller's
+			// epoll is edge-triggered, and the kernel wakes the ring's
+			// wait queue once per forced wakeup) and returns false to
+			// wait for the next. It ends when the file is closed.
+			err := rc.Read(func(uintptr) bool {
+				select {
+				case t.wakeCh <- struct{}{}:
+				default:
+				}
+				return false
+			})
+			if err != nil && !errors.Is(err, os.ErrClosed) {
+				t.log.Debug("ring-buffer wakeups stopped: polling only", "err", err)
+			}
+		}()
+	})
+	return t.wakeCh
+}
+
+// newWakeFile duplicates the ring buffer's fd as a non-blocking *os.File,
+// which Go registers with its netpoller (a ring buffer map fd is pollable:
+// readable when records are pending).
+func newWakeFile(fd int) (*os.File, error) {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(nfd, true); err != nil {
+		unix.Close(nfd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(nfd), "gymtrace-ringbuf"), nil
 }
 
 // Pending is the number of bytes in the ring buffer not read yet: 0 means
@@ -477,6 +568,9 @@ func (t *Tracer) Close() error {
 		errs = append(errs, l.Close())
 	}
 	t.links = nil
+	if t.wakeFile != nil {
+		errs = append(errs, t.wakeFile.Close())
+	}
 	if t.rd != nil {
 		errs = append(errs, t.rd.Close())
 	}

@@ -1,0 +1,119 @@
+package loader
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// The reader waits in Go's netpoller, not in a blocking epoll_wait: a
+// record the kernel submits with a forced wakeup (a target's fork) must reach
+// it at once even when the poll timer would not fire for an hour. Were the
+// wakeups not delivered, the record would wait for the timer and the test
+// would time out.
+func TestReaderWakesOnForcedWakeup(t *testing.T) {
+	needRoot(t)
+	tr, err := Load(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if tr.wakeFile == nil {
+		t.Fatal("no pollable duplicate of the ring buffer's fd: wakeups cannot reach the reader")
+	}
+	tr.pollEvery = time.Hour
+	if err := tr.AddTarget(os.Getpid(), RoleUnknown); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	procs := make(chan struct{}, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- tr.Read(ctx, func(raw []byte) {
+			if len(raw) > 0 && IsProcEvent(raw[0]) {
+				select {
+				case procs <- struct{}{}:
+				default:
+				}
+			}
+		})
+	}()
+	// Let the reader's first drain (and the timer's arming) pass.
+	time.Sleep(200 * time.Millisecond)
+	if err := exec.Command("/bin/true").Run(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-procs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fork's process record did not reach the reader: forced ring-buffer wakeups are lost")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+}
+
+// Records pending when ctx ends are delivered before Read returns. HTTP
+// records are submitted without a wakeup and the poll timer is an hour away,
+// so only the final drain can deliver them.
+func TestReaderDrainsWhenStopped(t *testing.T) {
+	needRoot(t)
+	tr, err := Load(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	tr.pollEvery = time.Hour
+	var sp [8]uint64
+	for i := range sp {
+		sp[i] = allGroups
+	}
+	if err := tr.SetGate(allGroups, sp, allGroups, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.AddTarget(os.Getpid(), RoleUnknown); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var reqs int
+	done := make(chan error, 1)
+	go func() {
+		done <- tr.Read(ctx, func(raw []byte) {
+			if len(raw) >= HTTPEventHeadSize && !IsProcEvent(raw[0]) && raw[0] == EvRequest {
+				reqs++
+			}
+		})
+	}()
+	time.Sleep(200 * time.Millisecond) // past the reader's first drain
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := readRequest(br); err == nil {
+			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	writeAll(t, c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, err := io.ReadFull(c, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Pending() == 0 {
+		t.Fatal("no records pending in the ring buffer after an exchange")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	if reqs != 2 { // the client's and the server's record of the request
+		t.Fatalf("%d request records delivered when the reader stopped; want 2", reqs)
+	}
+}
