@@ -16,7 +16,7 @@ import (
 // grows under a backlog. GOGC and GOMEMLIMIT, when set, win.
 const (
 	agentGCPercent   = 400
-	agentMemoryLimit = 64 << 20
+	agentMemoryLimit = 40 << 20
 )
 
 // tuneGC returns the loader's garbage (BTF, verifier logs: a peak of about
