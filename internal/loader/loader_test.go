@@ -40,7 +40,10 @@ type rig struct {
 	evs []HTTPEvent
 }
 
-func newRig(t *testing.T, mask uint64) *rig {
+// loadSelf loads the programs with the gate set to mask (every group
+// possible on both sides) and the test process as the only target.
+func loadSelf(t *testing.T, mask uint64) *Tracer {
+	t.Helper()
 	needRoot(t)
 	tr, err := Load(Options{})
 	if err != nil {
@@ -57,6 +60,11 @@ func newRig(t *testing.T, mask uint64) *rig {
 	if err := tr.AddTarget(os.Getpid(), RoleUnknown); err != nil {
 		t.Fatal(err)
 	}
+	return tr
+}
+
+func newRig(t *testing.T, mask uint64) *rig {
+	tr := loadSelf(t, mask)
 	r := &rig{t: t, tr: tr}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

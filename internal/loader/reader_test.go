@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -17,19 +16,11 @@ import (
 // wakeups not delivered, the record would wait for the timer and the test
 // would time out.
 func TestReaderWakesOnForcedWakeup(t *testing.T) {
-	needRoot(t)
-	tr, err := Load(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := loadSelf(t, allGroups)
 	if tr.wakeFile == nil {
 		t.Fatal("no pollable duplicate of the ring buffer's fd: wakeups cannot reach the reader")
 	}
 	tr.pollEvery = time.Hour
-	if err := tr.AddTarget(os.Getpid(), RoleUnknown); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	procs := make(chan struct{}, 16)
 	done := make(chan error, 1)
@@ -63,23 +54,8 @@ func TestReaderWakesOnForcedWakeup(t *testing.T) {
 // records are submitted without a wakeup and the poll timer is an hour away,
 // so only the final drain can deliver them.
 func TestReaderDrainsWhenStopped(t *testing.T) {
-	needRoot(t)
-	tr, err := Load(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := loadSelf(t, allGroups)
 	tr.pollEvery = time.Hour
-	var sp [8]uint64
-	for i := range sp {
-		sp[i] = allGroups
-	}
-	if err := tr.SetGate(allGroups, sp, allGroups, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := tr.AddTarget(os.Getpid(), RoleUnknown); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var reqs int
 	done := make(chan error, 1)
