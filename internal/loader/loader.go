@@ -479,6 +479,13 @@ func (t *Tracer) wakeups() <-chan struct{} {
 			if err != nil && !errors.Is(err, os.ErrClosed) {
 				t.log.Debug("ring-buffer wakeups stopped: polling only", "err", err)
 			}
+			// Closed (Close closes the ring first): one last wakeup, so
+			// a waiting Read sees the closed ring now rather than at its
+			// next timer.
+			select {
+			case t.wakeCh <- struct{}{}:
+			default:
+			}
 		}()
 	})
 	return t.wakeCh
@@ -568,11 +575,11 @@ func (t *Tracer) Close() error {
 		errs = append(errs, l.Close())
 	}
 	t.links = nil
-	if t.wakeFile != nil {
-		errs = append(errs, t.wakeFile.Close())
-	}
 	if t.rd != nil {
 		errs = append(errs, t.rd.Close())
+	}
+	if t.wakeFile != nil {
+		errs = append(errs, t.wakeFile.Close())
 	}
 	errs = append(errs, t.objs.Close())
 	return errors.Join(errs...)

@@ -93,3 +93,23 @@ func TestReaderDrainsWhenStopped(t *testing.T) {
 		t.Fatalf("%d request records delivered when the reader stopped; want 2", reqs)
 	}
 }
+
+// Close ends a waiting Read at once, not at the reader's next timer.
+func TestReaderReturnsOnClose(t *testing.T) {
+	tr := loadSelf(t, allGroups)
+	tr.pollEvery = time.Hour
+	done := make(chan error, 1)
+	go func() { done <- tr.Read(context.Background(), func([]byte) {}) }()
+	time.Sleep(200 * time.Millisecond) // Read is waiting on its hour-long timer
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Read after Close: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Read still waiting after Close")
+	}
+}
