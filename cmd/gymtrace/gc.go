@@ -23,11 +23,14 @@ const (
 // 100 MB while loading) to the OS, then applies the agent's settings.
 func tuneGC(log *slog.Logger, lookupEnv func(string) (string, bool)) {
 	debug.FreeOSMemory()
-	if _, ok := lookupEnv("GOGC"); !ok {
+	if v, ok := lookupEnv("GOGC"); ok {
+		log.Debug("GOGC set: the agent's collector setting is not applied", "GOGC", v)
+	} else {
 		debug.SetGCPercent(agentGCPercent)
 	}
-	if _, ok := lookupEnv("GOMEMLIMIT"); !ok {
+	if v, ok := lookupEnv("GOMEMLIMIT"); ok {
+		log.Debug("GOMEMLIMIT set: the agent's memory limit is not applied", "GOMEMLIMIT", v)
+	} else {
 		debug.SetMemoryLimit(agentMemoryLimit)
 	}
-	log.Debug("collector tuned", "gc_percent", agentGCPercent, "memory_limit_bytes", agentMemoryLimit)
 }

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -391,10 +393,7 @@ func (t *tracer) setInjectWanted(on bool) {
 		return
 	}
 	t.mu.RLock()
-	pids := make([]int, 0, len(t.procs))
-	for pid := range t.procs {
-		pids = append(pids, pid)
-	}
+	pids := slices.Collect(maps.Keys(t.procs))
 	t.mu.RUnlock()
 	for _, pid := range pids {
 		t.adoptConnections(pid)

@@ -404,24 +404,23 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 	interval := base
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
+	stopping := false
 	for {
 		got, err := t.drain(&rec, fn)
-		if err != nil {
-			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
-				return nil
-			}
+		switch {
+		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
+			return nil
+		case err != nil:
 			return fmt.Errorf("reading the ring buffer: %w", err)
+		case stopping:
+			return nil // ctx ended: what was in the buffer then is delivered
 		}
 		if got {
 			interval = base
 		}
 		select {
 		case <-ctx.Done():
-			// What is in the buffer now is delivered, then stop.
-			if _, err := t.drain(&rec, fn); err != nil && !errors.Is(err, ringbuf.ErrClosed) && !errors.Is(err, os.ErrClosed) {
-				return fmt.Errorf("reading the ring buffer: %w", err)
-			}
-			return nil
+			stopping = true
 		case <-wake:
 		case <-timer.C:
 			if !got {
@@ -464,28 +463,25 @@ func (t *Tracer) wakeups() <-chan struct{} {
 			t.log.Debug("ring-buffer wakeups unavailable: polling only", "err", err)
 			return
 		}
+		notify := func() {
+			select {
+			case t.wakeCh <- struct{}{}:
+			default: // one pending wakeup is enough
+			}
+		}
 		go func() {
 			// The callback runs at every readiness edge (the netpoller's
 			// epoll is edge-triggered, and the kernel wakes the ring's
 			// wait queue once per forced wakeup) and returns false to
 			// wait for the next. It ends when the file is closed.
-			err := rc.Read(func(uintptr) bool {
-				select {
-				case t.wakeCh <- struct{}{}:
-				default:
-				}
-				return false
-			})
+			err := rc.Read(func(uintptr) bool { notify(); return false })
 			if err != nil && !errors.Is(err, os.ErrClosed) {
 				t.log.Debug("ring-buffer wakeups stopped: polling only", "err", err)
 			}
 			// Closed (Close closes the ring first): one last wakeup, so
 			// a waiting Read sees the closed ring now rather than at its
 			// next timer.
-			select {
-			case t.wakeCh <- struct{}{}:
-			default:
-			}
+			notify()
 		}()
 	})
 	return t.wakeCh
