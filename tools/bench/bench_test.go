@@ -52,20 +52,37 @@ func TestPercentileAndT(t *testing.T) {
 }
 
 func TestRotation(t *testing.T) {
-	seen := map[int]map[int]bool{}
-	n := 4
-	for r := 0; r < n; r++ {
-		for pos, c := range rotation(n, r) {
-			if seen[c] == nil {
-				seen[c] = map[int]bool{}
+	// Every configuration runs once a round, and over each pair of rounds
+	// it is as often before untraced (configuration 0) as after it, by the
+	// same total distance: linear drift cancels from every paired ratio.
+	for _, n := range []int{2, 4, 7} {
+		for r0 := 0; r0 < 2*n; r0 += 2 {
+			dist := make([]int, n)
+			for r := r0; r < r0+2; r++ {
+				order := rotation(n, r)
+				pos := make([]int, n)
+				seen := map[int]bool{}
+				for p, c := range order {
+					pos[c] = p
+					seen[c] = true
+				}
+				if len(seen) != n || len(order) != n {
+					t.Fatalf("n=%d round %d: order %v is not a permutation", n, r, order)
+				}
+				for c := range n {
+					dist[c] += pos[c] - pos[0]
+				}
 			}
-			seen[c][pos] = true
+			for c, d := range dist {
+				if d != 0 {
+					t.Fatalf("n=%d rounds %d-%d: configuration %d is %d positions off untraced in sum, want 0", n, r0, r0+1, c, d)
+				}
+			}
 		}
 	}
-	for c := 0; c < n; c++ {
-		if len(seen[c]) != n {
-			t.Fatalf("config %d took positions %v over %d rounds, want all", c, seen[c], n)
-		}
+	// The first configuration of a round changes as rounds go on.
+	if rotation(7, 0)[0] == rotation(7, 2)[0] {
+		t.Fatal("the rotation does not move")
 	}
 }
 

@@ -79,7 +79,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.from, "from", "", "analyse the raw runs of an earlier --json FILE again instead of measuring")
 	fs.BoolVar(&o.short, "short", false, "smoke run of about 2-3 minutes (CI); the default is the full run")
 	fs.StringVar(&o.phases, "phases", "workload,tax,capacity", "phases to run (workload includes per-program cost and the gate)")
-	fs.IntVar(&o.rounds, "rounds", 0, "interleaved rounds of the workload (default 2 short, 10 full)")
+	fs.IntVar(&o.rounds, "rounds", 0, "interleaved rounds of the workload, best even: rounds run in forward-backward pairs (default 2 short, 10 full)")
 	fs.IntVar(&o.rollouts, "rollouts", 0, "rollouts per workload run (default 24 short, 200 full)")
 	fs.IntVar(&o.conc, "concurrency", 4, "rollouts in flight")
 	fs.IntVar(&o.warmup, "warmup", 8, "rollouts before measuring (pooled connections exist before gymtrace attaches)")

@@ -5,6 +5,7 @@ package main
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -128,14 +129,20 @@ func finite(xs []float64) []float64 {
 	return out
 }
 
-// rotation returns the run order of round r over n configurations: each
-// round starts one later, so every configuration takes every position (first
-// after a restart, last before the next round) equally often and slow drift
-// of the machine cancels out of the paired ratios.
+// rotation returns the run order of round r over n configurations. Rounds
+// go in pairs: round 2k runs the configurations from k (mod n) onwards, and
+// round 2k+1 runs the same order backwards. Each pair puts every
+// configuration as far before untraced as after it, so a drift of the
+// machine that is linear across the two rounds cancels out of the paired
+// ratios for any even number of rounds, and the starting point moves so
+// that no configuration is always first after a restart.
 func rotation(n, r int) []int {
 	out := make([]int, n)
 	for i := range out {
-		out[i] = (i + r) % n
+		out[i] = (i + r/2) % n
+	}
+	if r%2 == 1 {
+		slices.Reverse(out)
 	}
 	return out
 }
