@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 // cli runs gymtrace in-process with a clean environment plus env.
@@ -188,7 +188,7 @@ func TestWatchReloads(t *testing.T) {
 	if _, err := loader.Load(); err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testproc.Buffer // safe to read while the watcher writes
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	uninstall := installReloadHook(loader, new(slog.LevelVar))
 	defer uninstall()
@@ -226,22 +226,4 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met in 5s")
-}
-
-// lockedBuffer is a log sink safe to read while the watcher writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

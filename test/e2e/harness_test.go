@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 // The interpreter with Debian's fastapi, uvicorn and aiohttp (the python3 on
@@ -170,163 +170,23 @@ func runSharedCleanups() {
 	}
 }
 
-// syncBuf is an output buffer written by a copying goroutine and read by the
-// test.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// proc is a child process in its own process group, so that stopping it also
-// stops whatever it started (the stack's servers, the collector).
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stdout *syncBuf
-	stderr *syncBuf
-	done   chan struct{}
-	err    error // Wait's result, once done is closed
-}
-
-type procOpts struct {
-	dir string
-	env []string // added to the test's environment
-}
+// The child-process helpers live in test/testproc, shared with the
+// reliability tests.
+type (
+	proc     = testproc.Proc
+	procOpts = testproc.Options
+	syncBuf  = testproc.Buffer
+)
 
 func startProc(t testing.TB, own owner, name string, argv []string, o procOpts) *proc {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = o.dir
-	cmd.Env = append(os.Environ(), o.env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p := &proc{name: name, cmd: cmd, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	p.stdin = stdin
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s (%s): %v", name, strings.Join(argv, " "), err)
-	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	own.Cleanup(func() {
-		p.stop(5 * time.Second)
-		if tt, ok := own.(testing.TB); ok && tt.Failed() {
-			tt.Logf("--- %s (pid %d) stderr, last 4 KiB:\n%s", name, p.pid(), tail(p.stderr.String(), 4096))
-		}
-	})
-	return p
+	return testproc.Start(t, own, name, argv, o)
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM to the process group, then SIGKILL after grace, and
-// always a final SIGKILL to the group so no grandchild outlives the test.
-func (p *proc) stop(grace time.Duration) {
-	pg := p.pid()
-	if !p.exited() {
-		syscall.Kill(-pg, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(grace):
-		}
-	}
-	syscall.Kill(-pg, syscall.SIGKILL)
-	p.stdin.Close()
-	<-p.done
-}
-
-// waitOutput waits until the process's stdout (or stderr) contains substr and
-// returns the line holding it. It fails the test if the process exits first.
-func (p *proc) waitOutput(t testing.TB, stderr bool, substr string, timeout time.Duration) string {
-	t.Helper()
-	buf := p.stdout
-	if stderr {
-		buf = p.stderr
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		s := buf.String()
-		if i := strings.Index(s, substr); i >= 0 {
-			start := strings.LastIndexByte(s[:i], '\n') + 1
-			end := strings.IndexByte(s[i:], '\n')
-			if end < 0 {
-				end = len(s) - i
-			}
-			return s[start : i+end]
-		}
-		if p.exited() {
-			t.Fatalf("%s exited (%v) before printing %q; stderr:\n%s", p.name, p.err, substr, tail(p.stderr.String(), 4096))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s printed no %q within %v; stdout:\n%s\nstderr:\n%s", p.name, substr, timeout,
-				tail(p.stdout.String(), 2048), tail(p.stderr.String(), 4096))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// firstLine waits for the first complete stdout line.
-func (p *proc) firstLine(t testing.TB, timeout time.Duration) string {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		s := p.stdout.String()
-		if i := strings.IndexByte(s, '\n'); i >= 0 {
-			return s[:i]
-		}
-		if p.exited() {
-			t.Fatalf("%s exited (%v) before printing a line; stderr:\n%s", p.name, p.err, tail(p.stderr.String(), 4096))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s printed no line within %v; stderr:\n%s", p.name, timeout, tail(p.stderr.String(), 4096))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+var (
+	tail     = testproc.Tail
+	freePort = testproc.FreePort
+)
 
 // --- gymtrace ----------------------------------------------------------------
 
@@ -362,8 +222,8 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 	argv = append(argv, o.extra...)
 	// The environment must not point the exporter elsewhere.
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}
-	g.proc = startProc(t, t, "gymtrace", argv, procOpts{env: env})
-	g.waitOutput(t, true, "gymtrace: attached", 60*time.Second)
+	g.proc = startProc(t, t, "gymtrace", argv, procOpts{Env: env})
+	g.WaitOutput(t, true, "gymtrace: attached", 60*time.Second)
 	return g
 }
 
@@ -445,20 +305,20 @@ func (g *gymtrace) settle(t testing.TB, want int) map[string]float64 {
 // line within 15 s.
 func (g *gymtrace) shutdown(t testing.TB) {
 	t.Helper()
-	if g.exited() {
-		t.Fatalf("gymtrace exited before the test stopped it (%v); stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+	if g.Exited() {
+		t.Fatalf("gymtrace exited before the test stopped it (%v); stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 	}
-	g.cmd.Process.Signal(syscall.SIGTERM)
+	g.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-g.done:
+	case <-g.Done:
 	case <-time.After(15 * time.Second):
-		t.Fatalf("gymtrace did not exit within 15 s of SIGTERM; stderr:\n%s", tail(g.stderr.String(), 4096))
+		t.Fatalf("gymtrace did not exit within 15 s of SIGTERM; stderr:\n%s", tail(g.Stderr.String(), 4096))
 	}
-	if g.err != nil {
-		t.Errorf("gymtrace exited with %v after SIGTERM; stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+	if g.Err != nil {
+		t.Errorf("gymtrace exited with %v after SIGTERM; stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 	}
-	if !strings.Contains(g.stderr.String(), "gymtrace: detached") {
-		t.Errorf("gymtrace logged no \"gymtrace: detached\" line; stderr:\n%s", tail(g.stderr.String(), 4096))
+	if !strings.Contains(g.Stderr.String(), "gymtrace: detached") {
+		t.Errorf("gymtrace logged no \"gymtrace: detached\" line; stderr:\n%s", tail(g.Stderr.String(), 4096))
 	}
 }
 
@@ -474,7 +334,7 @@ func startSink(t testing.TB) *sink {
 	t.Helper()
 	s := &sink{out: filepath.Join(t.TempDir(), "otlp-spans.jsonl")}
 	s.proc = startProc(t, t, "otlpsink", []string{sinkBin, "--out", s.out, "--listen", "127.0.0.1:0"}, procOpts{})
-	line := s.waitOutput(t, false, "listening ", 30*time.Second)
+	line := s.WaitOutput(t, false, "listening ", 30*time.Second)
 	s.addr = strings.TrimSpace(strings.TrimPrefix(line, "listening "))
 	return s
 }

@@ -66,18 +66,18 @@ type kernelRun struct {
 func startChild(t *testing.T, mode string, env ...string) *proc {
 	t.Helper()
 	return startProc(t, t, mode, []string{os.Args[0], "-test.run=^$"},
-		procOpts{env: append([]string{childEnv + "=" + mode}, env...)})
+		procOpts{Env: append([]string{childEnv + "=" + mode}, env...)})
 }
 
 // play asks the driver to run one scenario and waits for its answer line.
 func play(t *testing.T, driver *proc, sn scenario, addr string) map[string]string {
 	t.Helper()
-	if _, err := fmt.Fprintf(driver.stdin, "%s %s\n", sn.name, addr); err != nil {
+	if _, err := fmt.Fprintf(driver.Stdin, "%s %s\n", sn.name, addr); err != nil {
 		t.Fatalf("driver: %v", err)
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		for _, line := range strings.Split(driver.stdout.String(), "\n") {
+		for _, line := range strings.Split(driver.Stdout.String(), "\n") {
 			if rest, ok := strings.CutPrefix(line, "ok "+sn.name+" "); ok {
 				res := map[string]string{}
 				if err := jsonUnmarshal(rest, &res); err != nil {
@@ -89,8 +89,8 @@ func play(t *testing.T, driver *proc, sn scenario, addr string) map[string]strin
 				t.Fatalf("scenario %s failed on the client side (not gymtrace's fault): %s", sn.name, rest)
 			}
 		}
-		if driver.exited() || time.Now().After(deadline) {
-			t.Fatalf("driver gave no answer for %s (exited=%v); stderr:\n%s", sn.name, driver.exited(), tail(driver.stderr.String(), 4096))
+		if driver.Exited() || time.Now().After(deadline) {
+			t.Fatalf("driver gave no answer for %s (exited=%v); stderr:\n%s", sn.name, driver.Exited(), tail(driver.Stderr.String(), 4096))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -103,7 +103,7 @@ func runKernel(t *testing.T, listen, groups string, list []scenario, extra ...st
 	t.Helper()
 	needRoot(t)
 	server := startChild(t, "server", "GYMTRACE_E2E_LISTEN="+listen)
-	line := server.waitOutput(t, false, "listening ", 30*time.Second)
+	line := server.WaitOutput(t, false, "listening ", 30*time.Second)
 	addr := strings.TrimSpace(strings.TrimPrefix(line, "listening "))
 	host, portS, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -111,7 +111,7 @@ func runKernel(t *testing.T, listen, groups string, list []scenario, extra ...st
 	}
 	port, _ := strconv.Atoi(portS)
 	driver := startChild(t, "driver")
-	k := &kernelRun{addr: addr, host: host, port: port, serverPID: server.pid(), driverPID: driver.pid(),
+	k := &kernelRun{addr: addr, host: host, port: port, serverPID: server.Pid(), driverPID: driver.Pid(),
 		results: map[string]map[string]string{}}
 
 	for _, sn := range list {
@@ -120,18 +120,18 @@ func runKernel(t *testing.T, listen, groups string, list []scenario, extra ...st
 		}
 	}
 	out := filepath.Join(t.TempDir(), "spans.jsonl")
-	gt := startGymtrace(t, gtOpts{pids: []int{server.pid(), driver.pid()}, groups: groups, jsonl: out, extra: extra})
+	gt := startGymtrace(t, gtOpts{pids: []int{server.Pid(), driver.Pid()}, groups: groups, jsonl: out, extra: extra})
 	for _, sn := range list {
 		if !sn.pre {
 			k.results[sn.name] = play(t, driver, sn, addr)
 		}
 	}
-	if gt.exited() {
-		t.Fatalf("gymtrace died during the traffic: %v; stderr:\n%s", gt.err, tail(gt.stderr.String(), 4096))
+	if gt.Exited() {
+		t.Fatalf("gymtrace died during the traffic: %v; stderr:\n%s", gt.Err, tail(gt.Stderr.String(), 4096))
 	}
 	k.metrics = gt.settle(t, 1)
 	gt.shutdown(t)
-	k.stdout, k.stderr = gt.stdout.String(), gt.stderr.String()
+	k.stdout, k.stderr = gt.Stdout.String(), gt.Stderr.String()
 	data, _ := os.ReadFile(out)
 	k.jsonl = string(data)
 	k.spans = newSpanSet(readSpans(t, out))

@@ -75,8 +75,8 @@ func lcStack(t *testing.T) *stack {
 	if lcShared.st == nil {
 		t.Fatal("the lifecycle stack failed to start (see the first test that used it)")
 	}
-	if lcShared.st.exited() {
-		t.Fatalf("the lifecycle stack died: %v; stderr:\n%s", lcShared.st.err, tail(lcShared.st.stderr.String(), 4096))
+	if lcShared.st.Exited() {
+		t.Fatalf("the lifecycle stack died: %v; stderr:\n%s", lcShared.st.Err, tail(lcShared.st.Stderr.String(), 4096))
 	}
 	return lcShared.st
 }
@@ -93,8 +93,8 @@ func lcGymtrace(t *testing.T, groups, out string, pids ...string) *gymtrace {
 	}
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS=",
 		"GYMTRACE_PID=", "GYMTRACE_DISCOVER="}
-	g.proc = startProc(t, t, "gymtrace", argv, procOpts{env: env})
-	g.waitOutput(t, true, "gymtrace: attached", 60*time.Second)
+	g.proc = startProc(t, t, "gymtrace", argv, procOpts{Env: env})
+	g.WaitOutput(t, true, "gymtrace: attached", 60*time.Second)
 	return g
 }
 
@@ -196,7 +196,7 @@ func lcCollectDiscovered(t *testing.T, st *stack, g *gymtrace, n int) (cmd *exec
 	pid := cmd.Process.Pid
 	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
 	started := time.Now()
-	g.waitOutput(t, true, fmt.Sprintf("msg=tracing pid=%d ", pid), 10*time.Second)
+	g.WaitOutput(t, true, fmt.Sprintf("msg=tracing pid=%d ", pid), 10*time.Second)
 	t.Logf("discovery traced the collector (pid %d) %v after its start", pid, time.Since(started).Round(time.Millisecond))
 	if err := os.WriteFile(filepath.Join(gate, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func lcAwait(t *testing.T, g *gymtrace, what string, cond func(m map[string]floa
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond(g.metrics(t)) {
 		if time.Now().After(deadline) {
-			t.Fatalf("gymtrace: %s did not happen within 20 s; stderr:\n%s", what, tail(g.stderr.String(), 4096))
+			t.Fatalf("gymtrace: %s did not happen within 20 s; stderr:\n%s", what, tail(g.Stderr.String(), 4096))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -50,13 +50,13 @@ type stack struct {
 func startStack(t testing.TB, own owner, args ...string) *stack {
 	t.Helper()
 	argv := append([]string{python, filepath.Join(repoRoot, "test", "stack", "launch.py"), "--serve", "--warmup", "2"}, args...)
-	s := &stack{proc: startProc(t, own, "stack", argv, procOpts{dir: repoRoot})}
-	line := s.firstLine(t, 120*time.Second)
+	s := &stack{proc: startProc(t, own, "stack", argv, procOpts{Dir: repoRoot})}
+	line := s.FirstLine(t, 120*time.Second)
 	if err := json.Unmarshal([]byte(line), &s.ready); err != nil {
 		t.Fatalf("launch.py's first line is not JSON: %v: %s", err, line)
 	}
 	if s.ready.Event != "ready" {
-		t.Fatalf("the stack did not start: %s; stderr:\n%s", line, tail(s.stderr.String(), 4096))
+		t.Fatalf("the stack did not start: %s; stderr:\n%s", line, tail(s.Stderr.String(), 4096))
 	}
 	for _, k := range []string{"agent", "model", "resources"} {
 		if s.ready.Servers[k].PID == 0 {
@@ -81,8 +81,8 @@ func sharedStack(t *testing.T) *stack {
 	if shared.st == nil {
 		t.Fatal("the shared stack failed to start (see the first test that used it)")
 	}
-	if shared.st.exited() {
-		t.Fatalf("the shared stack died: %v; stderr:\n%s", shared.st.err, tail(shared.st.stderr.String(), 4096))
+	if shared.st.Exited() {
+		t.Fatalf("the shared stack died: %v; stderr:\n%s", shared.st.Err, tail(shared.st.Stderr.String(), 4096))
 	}
 	return shared.st
 }
@@ -267,7 +267,7 @@ func traceStack(t *testing.T, st *stack, spec string, enabled groupSet, n int, e
 	// Every hop forwards Starlette session cookies (base64 JSON, "eyJ..."):
 	// no value of theirs may reach the export or the log.
 	raw, _ := os.ReadFile(sk.out)
-	for what, text := range map[string]string{"the exported spans": string(raw), "gymtrace's log": gt.stderr.String() + gt.stdout.String()} {
+	for what, text := range map[string]string{"the exported spans": string(raw), "gymtrace's log": gt.Stderr.String() + gt.Stdout.String()} {
 		if i := strings.Index(text, "eyJ"); i >= 0 {
 			t.Errorf("a session cookie value reached %s: ...%s...", what, text[max(0, i-100):min(len(text), i+60)])
 		}

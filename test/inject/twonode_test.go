@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/gymtrace/gymtrace/internal/preflight"
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 const python = "/usr/bin/python3" // Debian's, with fastapi, uvicorn and aiohttp
@@ -108,22 +109,7 @@ type proc struct {
 	done chan struct{}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = testproc.Buffer
 
 func start(t testing.TB, name string, env []string, argv ...string) *proc {
 	t.Helper()

@@ -64,7 +64,7 @@ func TestBadInput(t *testing.T) {
 	secretCfg := write("private.yaml", "gymtrace:\n  span_groups: server\n")
 	os.Chmod(secretCfg, 0o600)
 	srv := startServer(t)
-	live := strconv.Itoa(srv.pid())
+	live := strconv.Itoa(srv.Pid())
 	gone := strconv.Itoa(missingPID(t))
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -215,21 +215,21 @@ func TestUnreachableCollector(t *testing.T) {
 	needRoot(t)
 	srv := startServer(t)
 	port := freePort(t) // closed again: nothing listens there
-	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}, otlp: fmt.Sprintf("http://127.0.0.1:%d", port)})
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}, otlp: fmt.Sprintf("http://127.0.0.1:%d", port)})
 	for i := range 20 {
 		get(t, srv.url(fmt.Sprintf("/unreachable-%d", i)))
 	}
-	line := g.waitOutput(t, true, "exporting spans failed", 15*time.Second)
+	line := g.WaitOutput(t, true, "exporting spans failed", 15*time.Second)
 	if !strings.Contains(line, "connection refused") {
 		t.Errorf("the export failure does not say why: %s", line)
 	}
-	if g.exited() {
-		t.Fatalf("gymtrace exited with the collector unreachable: %v", g.err)
+	if g.Exited() {
+		t.Fatalf("gymtrace exited with the collector unreachable: %v", g.Err)
 	}
 	m := g.metrics(t)
 	queued := m["gymtrace_export_queue_length"]
 	g.terminate(t)
-	st := g.waitOutput(t, true, "gymtrace: detached", time.Second)
+	st := g.WaitOutput(t, true, "gymtrace: detached", time.Second)
 	if !strings.Contains(st, "spans_failed=") || strings.Contains(st, "spans_failed=0 ") {
 		t.Errorf("spans that could not be sent are not counted as failed: %s", st)
 	}

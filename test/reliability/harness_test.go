@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 // The interpreter with Debian's packages (the python3 on PATH may be a pyenv).
@@ -124,134 +126,22 @@ func pick(ci, long time.Duration) time.Duration {
 
 // --- processes ---------------------------------------------------------------
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// proc is a child process in its own process group.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stdout *syncBuf
-	stderr *syncBuf
-	done   chan struct{}
-	err    error
-}
+// The child-process helpers live in test/testproc, shared with the
+// end-to-end tests.
+type (
+	proc    = testproc.Proc
+	syncBuf = testproc.Buffer
+)
 
 func startProc(t testing.TB, name string, argv []string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p := &proc{name: name, cmd: cmd, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	p.stdin = stdin
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s (%s): %v", name, strings.Join(argv, " "), err)
-	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop(5 * time.Second)
-		if t.Failed() {
-			t.Logf("--- %s (pid %d) stderr, last 3 KiB:\n%s", name, p.pid(), tail(p.stderr.String(), 3072))
-		}
-	})
-	return p
+	return testproc.Start(t, t, name, argv, testproc.Options{Env: env})
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM to the process group, SIGKILL after grace, and always a
-// final SIGKILL to the group so no grandchild outlives the test.
-func (p *proc) stop(grace time.Duration) {
-	pg := p.pid()
-	if !p.exited() {
-		syscall.Kill(-pg, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(grace):
-		}
-	}
-	syscall.Kill(-pg, syscall.SIGKILL)
-	p.stdin.Close()
-	<-p.done
-}
-
-// waitOutput waits until stdout (or stderr) holds substr and returns its line.
-func (p *proc) waitOutput(t testing.TB, stderr bool, substr string, timeout time.Duration) string {
-	t.Helper()
-	buf := p.stdout
-	if stderr {
-		buf = p.stderr
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		s := buf.String()
-		if i := strings.Index(s, substr); i >= 0 {
-			start := strings.LastIndexByte(s[:i], '\n') + 1
-			end := strings.IndexByte(s[i:], '\n')
-			if end < 0 {
-				end = len(s) - i
-			}
-			return s[start : i+end]
-		}
-		if p.exited() {
-			t.Fatalf("%s exited (%v) before printing %q; stderr:\n%s", p.name, p.err, substr, tail(p.stderr.String(), 4096))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s printed no %q within %v; stdout:\n%s\nstderr:\n%s", p.name, substr, timeout,
-				tail(p.stdout.String(), 2048), tail(p.stderr.String(), 4096))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+var (
+	tail     = testproc.Tail
+	freePort = testproc.FreePort
+)
 
 // procStatus reads one field of /proc/PID/status ("VmHWM" -> "12345 kB").
 func procStatus(pid int, field string) (string, error) {
@@ -305,7 +195,7 @@ type server struct {
 func startServer(t testing.TB, env ...string) *server {
 	t.Helper()
 	p := startProc(t, "http server", []string{selfBin}, append([]string{childEnv + "=httpserver"}, env...)...)
-	line := p.waitOutput(t, false, "listening ", 10*time.Second)
+	line := p.WaitOutput(t, false, "listening ", 10*time.Second)
 	return &server{proc: p, addr: strings.TrimSpace(strings.TrimPrefix(line, "listening "))}
 }
 
@@ -426,7 +316,7 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 	argv = append(argv, o.extra...)
 	env := append([]string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}, o.env...)
 	g.proc = startProc(t, "gymtrace", argv, env...)
-	g.waitOutput(t, true, "gymtrace: attached", 60*time.Second)
+	g.WaitOutput(t, true, "gymtrace: attached", 60*time.Second)
 	return g
 }
 
@@ -461,19 +351,19 @@ func (g *gymtrace) metrics(t testing.TB) map[string]float64 {
 // terminate sends SIGTERM and waits for "gymtrace: detached" and the exit.
 func (g *gymtrace) terminate(t testing.TB) {
 	t.Helper()
-	syscall.Kill(g.pid(), syscall.SIGTERM)
+	syscall.Kill(g.Pid(), syscall.SIGTERM)
 	select {
-	case <-g.done:
+	case <-g.Done:
 	case <-time.After(20 * time.Second):
-		t.Fatalf("gymtrace did not exit within 20s of SIGTERM; stderr:\n%s", tail(g.stderr.String(), 4096))
+		t.Fatalf("gymtrace did not exit within 20s of SIGTERM; stderr:\n%s", tail(g.Stderr.String(), 4096))
 	}
-	if g.err != nil {
-		t.Errorf("gymtrace exited with %v after SIGTERM; stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+	if g.Err != nil {
+		t.Errorf("gymtrace exited with %v after SIGTERM; stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 	}
-	if !strings.Contains(g.stderr.String(), "gymtrace: detached") {
+	if !strings.Contains(g.Stderr.String(), "gymtrace: detached") {
 		t.Errorf("gymtrace exited without logging \"gymtrace: detached\"")
 	}
-	checkNoPanic(t, "gymtrace", g.stderr.String())
+	checkNoPanic(t, "gymtrace", g.Stderr.String())
 }
 
 func checkNoPanic(t testing.TB, who, stderr string) {

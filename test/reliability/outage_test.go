@@ -20,13 +20,13 @@ func startSink(t *testing.T, args ...string) *sink {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "sink.jsonl")
 	p := startProc(t, "otlpsink", append([]string{sinkBin, "--out", out, "-v"}, args...))
-	line := p.waitOutput(t, false, "listening ", 10*time.Second)
+	line := p.WaitOutput(t, false, "listening ", 10*time.Second)
 	return &sink{proc: p, endpoint: "http://" + strings.TrimSpace(strings.TrimPrefix(line, "listening ")), out: out}
 }
 
 // logTime is the time= of the first sink log line holding msg.
 func (s *sink) logTime(msg string) (time.Time, bool) {
-	for _, line := range strings.Split(s.stderr.String(), "\n") {
+	for _, line := range strings.Split(s.Stderr.String(), "\n") {
 		if !strings.Contains(line, msg) {
 			continue
 		}
@@ -50,7 +50,7 @@ func TestCollectorOutage(t *testing.T) {
 	outage := pick(10*time.Second, 60*time.Second)
 	sk := startSink(t, "--fail-for", outage.String())
 	srv := startServer(t)
-	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}, otlp: sk.endpoint})
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}, otlp: sk.endpoint})
 
 	// Enough load to overflow the 8192-span queue well within the outage.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -62,8 +62,8 @@ func TestCollectorOutage(t *testing.T) {
 	maxQueue, queueCap := 0.0, 0.0
 	for {
 		time.Sleep(500 * time.Millisecond)
-		if g.exited() {
-			t.Fatalf("gymtrace died during the collector outage (%v); stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+		if g.Exited() {
+			t.Fatalf("gymtrace died during the collector outage (%v); stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 		}
 		m := g.metrics(t)
 		maxQueue = max(maxQueue, m["gymtrace_export_queue_length"])
@@ -120,7 +120,7 @@ func TestCollectorOutage(t *testing.T) {
 	if end["gymtrace_ringbuf_reserve_failures_total"] != 0 {
 		t.Logf("note: %v ring-buffer reservations failed under this load (the collector outage is not their cause)", end["gymtrace_ringbuf_reserve_failures_total"])
 	}
-	hwm := memKiB(t, g.pid(), "VmHWM")
+	hwm := memKiB(t, g.Pid(), "VmHWM")
 	g.terminate(t)
 	recovery := "unknown"
 	if !firstOK.IsZero() {
@@ -137,7 +137,7 @@ func TestSlowCollector(t *testing.T) {
 	needRoot(t)
 	sk := startSink(t, "--delay", "3s")
 	srv := startServer(t)
-	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}, otlp: sk.endpoint})
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}, otlp: sk.endpoint})
 
 	d := pick(6*time.Second, 60*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), d)

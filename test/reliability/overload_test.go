@@ -63,18 +63,18 @@ func TestOverloadBurst(t *testing.T) {
 	needRoot(t)
 	const ringBytes = 4096
 	srv := startServer(t)
-	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}, extra: []string{"--ringbuf-bytes", strconv.Itoa(ringBytes)}})
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}, extra: []string{"--ringbuf-bytes", strconv.Itoa(ringBytes)}})
 
 	// Before the burst: one request, one span, nothing lost.
 	before := uniquePath("before")
 	get(t, srv.url(before))
 	waitSpan(t, g.jsonl, 10*time.Second, "for "+before, func(s span) bool { return s.path() == before })
-	rssBefore := memKiB(t, g.pid(), "VmRSS")
+	rssBefore := memKiB(t, g.Pid(), "VmRSS")
 
 	d := pick(5*time.Second, 60*time.Second)
 	w := runWrk(t, srv.url("/burst"), 2, 32, d)
-	if g.exited() {
-		t.Fatalf("gymtrace died under the burst (%v); stderr:\n%s", g.err, tail(g.stderr.String(), 4096))
+	if g.Exited() {
+		t.Fatalf("gymtrace died under the burst (%v); stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 	}
 	if w.non2xx != 0 || w.socketErrors != 0 {
 		t.Errorf("the traced workload saw errors under the burst: %d non-2xx, %d socket errors\n%s", w.non2xx, w.socketErrors, w.raw)
@@ -104,8 +104,8 @@ func TestOverloadBurst(t *testing.T) {
 		func(s span) bool { return s.path() == after })
 	resumed := time.Since(start)
 
-	hwm := memKiB(t, g.pid(), "VmHWM")
-	rss := memKiB(t, g.pid(), "VmRSS")
+	hwm := memKiB(t, g.Pid(), "VmHWM")
+	rss := memKiB(t, g.Pid(), "VmRSS")
 	const limitKiB = 256 << 10
 	if hwm > limitKiB {
 		t.Errorf("gymtrace's peak RSS (VmHWM) reached %d KiB under the burst; bound is %d KiB", hwm, limitKiB)

@@ -73,8 +73,8 @@ func TestCapabilitiesDroppedAfterAttach(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startServer(t)
-			g := startGymtrace(t, gtOpts{groups: tc.groups, extra: []string{"--pid", fmt.Sprintf("%d%s", srv.pid(), tc.role)}})
-			g.waitOutput(t, true, "capabilities dropped after attach", 5*time.Second)
+			g := startGymtrace(t, gtOpts{groups: tc.groups, extra: []string{"--pid", fmt.Sprintf("%d%s", srv.Pid(), tc.role)}})
+			g.WaitOutput(t, true, "capabilities dropped after attach", 5*time.Second)
 			mustLack := map[string]int{"CAP_NET_ADMIN": unix.CAP_NET_ADMIN,
 				"CAP_SYS_RESOURCE": unix.CAP_SYS_RESOURCE, "CAP_SETPCAP": unix.CAP_SETPCAP, "CAP_SYS_MODULE": unix.CAP_SYS_MODULE,
 				"CAP_DAC_OVERRIDE": unix.CAP_DAC_OVERRIDE, "CAP_SETUID": unix.CAP_SETUID, "CAP_KILL": unix.CAP_KILL}
@@ -84,7 +84,7 @@ func TestCapabilitiesDroppedAfterAttach(t *testing.T) {
 			}
 			var sample uint64
 			for _, field := range []string{"CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"} {
-				caps := threadCaps(t, g.pid(), field)
+				caps := threadCaps(t, g.Pid(), field)
 				if len(caps) < 2 {
 					t.Fatalf("read %s of only %d threads of gymtrace", field, len(caps))
 				}
@@ -107,10 +107,10 @@ func TestCapabilitiesDroppedAfterAttach(t *testing.T) {
 			// the gate map through its fd, without CAP_BPF).
 			for _, step := range []string{"after-drop", "after-reload"} {
 				if step == "after-reload" {
-					syscall.Kill(g.pid(), syscall.SIGHUP)
-					g.waitOutput(t, true, "config reloaded", 5*time.Second)
-					if strings.Contains(g.stderr.String(), "applying the reloaded config failed") {
-						t.Fatalf("SIGHUP reload failed with capabilities dropped:\n%s", tail(g.stderr.String(), 2048))
+					syscall.Kill(g.Pid(), syscall.SIGHUP)
+					g.WaitOutput(t, true, "config reloaded", 5*time.Second)
+					if strings.Contains(g.Stderr.String(), "applying the reloaded config failed") {
+						t.Fatalf("SIGHUP reload failed with capabilities dropped:\n%s", tail(g.Stderr.String(), 2048))
 					}
 				}
 				n := len(readSpans(t, g.jsonl))
@@ -152,7 +152,7 @@ func TestMissingCapabilityError(t *testing.T) {
 	}
 	srv := startServer(t)
 	cmd := exec.Command(capsh, "--drop=cap_bpf,cap_sys_admin", "--",
-		"-c", fmt.Sprintf(`exec "$0" --pid %d --span-groups server --exporter jsonl --output /dev/null`, srv.pid()), gymtraceBin)
+		"-c", fmt.Sprintf(`exec "$0" --pid %d --span-groups server --exporter jsonl --output /dev/null`, srv.Pid()), gymtraceBin)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	done := make(chan error, 1)
@@ -216,9 +216,9 @@ func TestUprobesAfterDrop(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	time.Sleep(300 * time.Millisecond) // let it load libssl
 	g := startGymtrace(t, gtOpts{groups: "per_rollout", extra: []string{"--pid", fmt.Sprintf("%d=agent", cmd.Process.Pid)}})
-	g.waitOutput(t, true, "gymtrace: attached", 10*time.Second)
+	g.WaitOutput(t, true, "gymtrace: attached", 10*time.Second)
 	time.Sleep(500 * time.Millisecond)
-	out := g.stderr.String()
+	out := g.Stderr.String()
 	if !strings.Contains(out, "capabilities dropped after attach") {
 		t.Fatalf("no capability drop logged:\n%s", tail(out, 2048))
 	}

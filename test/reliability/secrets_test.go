@@ -52,7 +52,7 @@ func TestSecretsSandboxArgvAndOTLP(t *testing.T) {
 
 	st := startProc(t, "stack", []string{python, filepath.Join(repoRoot, "test", "stack", "launch.py"),
 		"--serve", "--path-prepend", fakeDir})
-	line := st.waitOutput(t, false, `"event"`, 60*time.Second)
+	line := st.WaitOutput(t, false, `"event"`, 60*time.Second)
 	var ready stackReady
 	if err := json.Unmarshal([]byte(line), &ready); err != nil || ready.Event != "ready" {
 		t.Fatalf("the stack did not start: %v %s", err, line)
@@ -110,10 +110,10 @@ func TestSecretsSandboxArgvAndOTLP(t *testing.T) {
 	places := map[string][]byte{
 		"the OTLP collector's received spans": mustRead(t, sk.out),
 		"the jsonl export":                    mustRead(t, gJSON.jsonl),
-		"gymtrace (OTLP) stdout":              []byte(gOTLP.stdout.String()),
-		"gymtrace (OTLP) stderr (debug)":      []byte(gOTLP.stderr.String()),
-		"gymtrace (jsonl) stdout":             []byte(gJSON.stdout.String()),
-		"gymtrace (jsonl) stderr (debug)":     []byte(gJSON.stderr.String()),
+		"gymtrace (OTLP) stdout":              []byte(gOTLP.Stdout.String()),
+		"gymtrace (OTLP) stderr (debug)":      []byte(gOTLP.Stderr.String()),
+		"gymtrace (jsonl) stdout":             []byte(gJSON.Stdout.String()),
+		"gymtrace (jsonl) stderr (debug)":     []byte(gJSON.Stderr.String()),
 	}
 	sandboxSpans := 0
 	for _, s := range readSpans(t, sk.out) {

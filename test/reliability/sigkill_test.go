@@ -21,13 +21,13 @@ import (
 func TestAgentSIGKILL(t *testing.T) {
 	needRoot(t)
 	srv := startServer(t)
-	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}})
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	res := load(ctx, srv.url("/steady"), 2, 2*time.Millisecond)
 	waitSpan(t, g.jsonl, 10*time.Second, "under steady load", func(s span) bool { return s.path() == "/steady" })
 
-	progs, maps, err := bpfObjects(g.pid())
+	progs, maps, err := bpfObjects(g.Pid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,11 +42,11 @@ func TestAgentSIGKILL(t *testing.T) {
 	}
 
 	okBefore := res.ok.Load()
-	if err := syscall.Kill(g.pid(), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(g.Pid(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	<-g.done
+	<-g.Done
 	var left []string
 	var gone time.Duration
 	for {
@@ -86,7 +86,7 @@ func TestAgentSIGKILL(t *testing.T) {
 
 	// A new gymtrace works at once.
 	start := time.Now()
-	g2 := startGymtrace(t, gtOpts{pids: []int{srv.pid()}})
+	g2 := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}})
 	path := uniquePath("restarted-agent")
 	get(t, srv.url(path))
 	waitSpan(t, g2.jsonl, 10*time.Second, "for "+path+" from the restarted gymtrace", func(s span) bool { return s.path() == path })

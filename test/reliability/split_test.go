@@ -21,7 +21,7 @@ import (
 func TestRequestSplitInsideMethod(t *testing.T) {
 	needRoot(t)
 	srv := startServer(t)
-	g := startGymtrace(t, gtOpts{pids: []int{srv.pid()}})
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}})
 
 	c, err := net.DialTimeout("tcp", srv.addr, 5*time.Second)
 	if err != nil {

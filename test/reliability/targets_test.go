@@ -43,7 +43,7 @@ func (s *supervised) nextChild(t *testing.T) int {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		var pids []int
-		for _, line := range strings.Split(s.stdout.String(), "\n") {
+		for _, line := range strings.Split(s.Stdout.String(), "\n") {
 			if v, ok := strings.CutPrefix(line, "child "); ok {
 				if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
 					pids = append(pids, n)
@@ -62,8 +62,8 @@ func (s *supervised) nextChild(t *testing.T) int {
 			}
 			t.Fatalf("the supervisor's child %d does not listen on %s", pid, s.addr)
 		}
-		if s.exited() || time.Now().After(deadline) {
-			t.Fatalf("the supervisor started no new child (exited: %v); stderr:\n%s", s.exited(), tail(s.stderr.String(), 2048))
+		if s.Exited() || time.Now().After(deadline) {
+			t.Fatalf("the supervisor started no new child (exited: %v); stderr:\n%s", s.Exited(), tail(s.Stderr.String(), 2048))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -122,11 +122,11 @@ func TestTargetCrashRestart(t *testing.T) {
 	needRoot(t)
 	sup := startSupervisor(t)
 	first := sup.nextChild(t)
-	g := startGymtrace(t, gtOpts{pids: []int{sup.pid()}})
+	g := startGymtrace(t, gtOpts{pids: []int{sup.Pid()}})
 	// The child existed before gymtrace: it is traced as the supervisor's
 	// child only if forked later. Restart it once so the traced one is new.
 	syscall.Kill(first, syscall.SIGKILL)
-	fmt.Fprintln(sup.stdin)
+	fmt.Fprintln(sup.Stdin)
 	p1 := sup.nextChild(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -134,7 +134,7 @@ func TestTargetCrashRestart(t *testing.T) {
 	res := load(ctx, "http://"+sup.addr+"/traffic", 4, 2*time.Millisecond)
 	waitSpan(t, g.jsonl, 10*time.Second, fmt.Sprintf("from the supervisor's child %d", p1),
 		func(s span) bool { return s.pid() == p1 })
-	before, capacity := connEntries(t, g.pid())
+	before, capacity := connEntries(t, g.Pid())
 
 	// Crash mid-traffic: open keep-alive connections die with the process
 	// (no close(2): the kernel closes its files at exit).
@@ -142,7 +142,7 @@ func TestTargetCrashRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	fmt.Fprintln(sup.stdin)
+	fmt.Fprintln(sup.Stdin)
 	p2 := sup.nextChild(t)
 	marker := uniquePath("after-restart")
 	get(t, "http://"+sup.addr+marker)
@@ -158,7 +158,7 @@ func TestTargetCrashRestart(t *testing.T) {
 	// No connection state of the dead process stays behind.
 	var stale int
 	for wait := time.Now().Add(3 * time.Second); ; {
-		after, _ := connEntries(t, g.pid())
+		after, _ := connEntries(t, g.Pid())
 		stale = after[uint32(p1)]
 		if stale == 0 || time.Now().After(wait) {
 			break
@@ -191,9 +191,9 @@ func TestPIDReuse(t *testing.T) {
 	}
 	sup := startSupervisor(t)
 	first := sup.nextChild(t)
-	g := startGymtrace(t, gtOpts{pids: []int{sup.pid()}})
+	g := startGymtrace(t, gtOpts{pids: []int{sup.Pid()}})
 	syscall.Kill(first, syscall.SIGKILL)
-	fmt.Fprintln(sup.stdin)
+	fmt.Fprintln(sup.Stdin)
 	p1 := sup.nextChild(t)
 
 	// Keep-alive connections that are open when the server dies.
@@ -204,12 +204,12 @@ func TestPIDReuse(t *testing.T) {
 	syscall.Kill(p1, syscall.SIGKILL)
 	cancel()
 	_ = res
-	fmt.Fprintf(sup.stdin, "pid %d\n", p1)
+	fmt.Fprintf(sup.Stdin, "pid %d\n", p1)
 	p2 := sup.nextChild(t)
 	if p2 != p1 {
 		t.Skipf("could not get PID %d again for the restarted server (got %d): other processes took it", p1, p2)
 	}
-	stale, _ := connEntries(t, g.pid())
+	stale, _ := connEntries(t, g.Pid())
 
 	// New connections to the new process: each span must carry its own
 	// connection's client port, not a dead connection's.
@@ -299,11 +299,11 @@ func TestForkedWorkerTraced(t *testing.T) {
 		t.Fatal(err)
 	}
 	parent := startProc(t, "fork server", []string{python, script})
-	line := parent.waitOutput(t, false, "listening ", 10*time.Second)
+	line := parent.WaitOutput(t, false, "listening ", 10*time.Second)
 	addr := strings.TrimSpace(strings.TrimPrefix(line, "listening "))
-	g := startGymtrace(t, gtOpts{pids: []int{parent.pid()}})
-	fmt.Fprintln(parent.stdin)
-	child, _ := strconv.Atoi(strings.TrimPrefix(parent.waitOutput(t, false, "child ", 10*time.Second), "child "))
+	g := startGymtrace(t, gtOpts{pids: []int{parent.Pid()}})
+	fmt.Fprintln(parent.Stdin)
+	child, _ := strconv.Atoi(strings.TrimPrefix(parent.WaitOutput(t, false, "child ", 10*time.Second), "child "))
 
 	path := uniquePath("forked")
 	get(t, "http://"+addr+path)
@@ -313,5 +313,5 @@ func TestForkedWorkerTraced(t *testing.T) {
 		t.Errorf("span for %s has process.pid %d, want the worker's %d", path, sp.pid(), child)
 	}
 	g.terminate(t)
-	t.Logf("worker %d (forked by target %d after attach) traced: %q service %v", child, parent.pid(), sp.Name, sp.Resource["service.name"])
+	t.Logf("worker %d (forked by target %d after attach) traced: %q service %v", child, parent.Pid(), sp.Name, sp.Resource["service.name"])
 }

@@ -29,6 +29,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 const python = "/usr/bin/python3"
@@ -80,13 +82,7 @@ type proc struct {
 	done   chan struct{}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+type syncBuf = testproc.Buffer
 
 func start(t *testing.T, argv ...string) *proc {
 	t.Helper()

@@ -1,0 +1,185 @@
+// Package testproc runs the child processes of gymtrace's end-to-end and
+// reliability tests: gymtrace itself, the Python stack, collectors. Each child
+// gets its own process group, so stopping it also stops what it started, and
+// its output is kept for the test to wait on and to show when it fails.
+package testproc
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Buffer is an output buffer written by a copying goroutine and read by the
+// test.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Proc is a child process in its own process group.
+type Proc struct {
+	Name   string
+	Cmd    *exec.Cmd
+	Stdin  io.WriteCloser
+	Stdout *Buffer
+	Stderr *Buffer
+	Done   chan struct{} // closed when the process has exited
+	Err    error         // Wait's result, once Done is closed
+}
+
+// Owner runs the cleanup that stops a process: a test, or something that
+// outlives one test (processes shared by a whole package).
+type Owner interface{ Cleanup(func()) }
+
+// Options are the optional parts of Start.
+type Options struct {
+	Dir string
+	Env []string // added to the test's environment
+}
+
+// Start starts argv as name. own stops it (SIGTERM, then SIGKILL to the
+// group after 5 s) and, if own is a test that failed, logs the end of its
+// stderr.
+func Start(t testing.TB, own Owner, name string, argv []string, o Options) *Proc {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = o.Dir
+	cmd.Env = append(os.Environ(), o.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p := &Proc{Name: name, Cmd: cmd, Stdout: &Buffer{}, Stderr: &Buffer{}, Done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.Stdout, p.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	p.Stdin = stdin
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s (%s): %v", name, strings.Join(argv, " "), err)
+	}
+	go func() {
+		p.Err = cmd.Wait()
+		close(p.Done)
+	}()
+	own.Cleanup(func() {
+		p.Stop(5 * time.Second)
+		if tt, ok := own.(testing.TB); ok && tt.Failed() {
+			tt.Logf("--- %s (pid %d) stderr, last 4 KiB:\n%s", name, p.Pid(), Tail(p.Stderr.String(), 4096))
+		}
+	})
+	return p
+}
+
+func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.Done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop sends SIGTERM to the process group, then SIGKILL after grace, and
+// always a final SIGKILL to the group so no grandchild outlives the test.
+func (p *Proc) Stop(grace time.Duration) {
+	pg := p.Pid()
+	if !p.Exited() {
+		syscall.Kill(-pg, syscall.SIGTERM)
+		select {
+		case <-p.Done:
+		case <-time.After(grace):
+		}
+	}
+	syscall.Kill(-pg, syscall.SIGKILL)
+	p.Stdin.Close()
+	<-p.Done
+}
+
+// WaitOutput waits until the process's stdout (or stderr) contains substr and
+// returns the line holding it. It fails the test if the process exits first.
+func (p *Proc) WaitOutput(t testing.TB, stderr bool, substr string, timeout time.Duration) string {
+	t.Helper()
+	buf := p.Stdout
+	if stderr {
+		buf = p.Stderr
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		s := buf.String()
+		if i := strings.Index(s, substr); i >= 0 {
+			start := strings.LastIndexByte(s[:i], '\n') + 1
+			end := strings.IndexByte(s[i:], '\n')
+			if end < 0 {
+				end = len(s) - i
+			}
+			return s[start : i+end]
+		}
+		if p.Exited() {
+			t.Fatalf("%s exited (%v) before printing %q; stderr:\n%s", p.Name, p.Err, substr, Tail(p.Stderr.String(), 4096))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s printed no %q within %v; stdout:\n%s\nstderr:\n%s", p.Name, substr, timeout,
+				Tail(p.Stdout.String(), 2048), Tail(p.Stderr.String(), 4096))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// FirstLine waits for the first complete stdout line.
+func (p *Proc) FirstLine(t testing.TB, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		s := p.Stdout.String()
+		if i := strings.IndexByte(s, '\n'); i >= 0 {
+			return s[:i]
+		}
+		if p.Exited() {
+			t.Fatalf("%s exited (%v) before printing a line; stderr:\n%s", p.Name, p.Err, Tail(p.Stderr.String(), 4096))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s printed no line within %v; stderr:\n%s", p.Name, timeout, Tail(p.Stderr.String(), 4096))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Tail is the last n bytes of s, marked as cut when it is.
+func Tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// FreePort is a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
