@@ -3,26 +3,12 @@ package export
 import (
 	"bytes"
 	"log/slog"
-	"sync"
 	"testing"
+
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testproc.Buffer
 
 type testWriter struct{ t *testing.T }
 

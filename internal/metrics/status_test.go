@@ -1,13 +1,14 @@
 package metrics
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 func TestRender(t *testing.T) {
@@ -30,22 +31,7 @@ func TestRender(t *testing.T) {
 	}
 }
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuf = testproc.Buffer
 
 func TestStatusLineOnATerminal(t *testing.T) {
 	out := &lockedBuf{}

@@ -15,17 +15,10 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	pytestbpf "github.com/gymtrace/gymtrace/internal/python/pytest_bpf"
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+var freePort = testproc.FreePort
 
 func waitPort(t *testing.T, port int) {
 	t.Helper()

@@ -84,6 +84,8 @@ type proc struct {
 
 type syncBuf = testproc.Buffer
 
+var freePort = testproc.FreePort
+
 func start(t *testing.T, argv ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(argv[0], argv[1:]...), stderr: &syncBuf{}, done: make(chan struct{})}
@@ -125,16 +127,6 @@ func (p *proc) waitStderr(t *testing.T, substr string, d time.Duration) {
 		}
 	}
 	t.Fatalf("no %q from %s within %v; stderr:\n%s", substr, p.cmd.Path, d, p.stderr.String())
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // --- upstream ----------------------------------------------------------------
