@@ -13,6 +13,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #include "syscalls.h"
 #include "lifecycle.h"
 #include "python_probes.h" // asyncio causality: PyContext_CopyCurrent return probe
+#include "python_uvloop.h" // uvloop: the UVStream write probe (deferred writes)
 #include "tls.h" // HTTPS: OpenSSL uprobes, attached per process by internal/tls
 #include "inject.h" // traceparent into outbound requests: sys_enter hooks, sock_ops, sk_msg (internal/inject)
 

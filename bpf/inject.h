@@ -260,12 +260,14 @@ __noinline int gt_inject_check(__u64 ubuf, __u32 len)
 
 // Decides the ids for a request gt_inject_check accepted and leaves the
 // header line in the thread's record. Global for the same reason.
-__noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports)
+__noinline int gt_inject_decide(__u64 pid_tgid, __s32 fd, __u32 le, __u32 ports, __u64 ubuf)
 {
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	// Which trace: the inbound request whose handler makes this call.
 	__u64 ctx = 0, root = 0, cconn = 0, cseq = 0;
-	int py = gt_py_context(tgid, tid, &ctx, &root);
+	// ubuf: in a uvloop process whose writes are deferred, the write
+	// probe's record of this buffer names the writing task.
+	int py = gt_py_context_w(tgid, tid, ubuf, 0, 0, 0, &ctx, &root);
 	gt_py_cause(root, &cconn, &cseq);
 	struct gt_trace_key k = {.conn = cconn, .seq = cseq};
 	struct gt_trace_ctx *tc;
@@ -425,7 +427,7 @@ static __always_inline int gt_inject_enter_target(__u64 id, int kind, __u64 a0, 
 	if (le <= 0)
 		return 0;
 	t0 = gt_prof_begin();
-	gt_inject_decide(id, fd, le, ports);
+	gt_inject_decide(id, fd, le, ports, buf);
 	gt_prof_end(GT_PROF_INJ_DECIDE, t0);
 	return 0;
 }

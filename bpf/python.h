@@ -61,6 +61,38 @@ struct {
 	__type(value, struct gt_py_spawner);
 } gt_py_spawners SEC(".maps");
 
+// uvloop: buffer data address -> the context of the task that handed it to
+// UVStream.write (bpf/python_uvloop.h). Only buffers of deferred writes wait
+// here, from the task's step to the loop's check phase; taken at the syscall.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gt_py_wbuf_key);
+	__type(value, struct gt_py_wbuf);
+} gt_py_wbufs SEC(".maps");
+
+// Per-CPU room for the map keys and values built on the syscall path: the
+// syscall programs' deepest call chain is close to the 512-byte stack limit.
+struct gt_py_scratch {
+	struct gt_py_wbuf_key wk;
+	struct gt_py_spawner sp;
+	__u64 ctx, root; // gt_py_context_w's outputs on the syscall path
+	struct gt_py_thread tv; // gt_py_tstate_th's new cache entry
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_py_scratch);
+} gt_py_scratch SEC(".maps");
+
+static __always_inline struct gt_py_scratch *gt_py_scr(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&gt_py_scratch, &zero);
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, GT_PY_STAT_MAX);
@@ -121,10 +153,13 @@ static __always_inline __u64 gt_py_walk(const struct gt_py_params *p, __u64 nsti
 	return 0;
 }
 
-// The calling thread's PyThreadState, or 0. Must run on that thread (syscall
-// tracepoints and uprobes do).
-static __always_inline __u64 gt_py_tstate(const struct gt_py_params *p, __u32 tgid, __u32 tid)
+// The calling thread's PyThreadState, or 0, and its cache entry in *th (for
+// the read rule's fields; 0 if the map had no room). Must run on that
+// thread (syscall tracepoints and uprobes do).
+static __always_inline __u64 gt_py_tstate_th(const struct gt_py_params *p, __u32 tgid, __u32 tid,
+					     struct gt_py_thread **th)
 {
+	*th = 0;
 	__u64 nstid = gt_py_ns_tid(p, tid);
 	if (!nstid)
 		return 0;
@@ -134,19 +169,35 @@ static __always_inline __u64 gt_py_tstate(const struct gt_py_params *p, __u32 tg
 			// A thread state is freed when its thread ends and the memory
 			// reused; re-checking the id keeps a stale entry from naming
 			// another thread's context.
-			if (gt_py_read_u64(c->tstate + p->tstate_native_tid) == nstid)
+			if (gt_py_read_u64(c->tstate + p->tstate_native_tid) == nstid) {
+				*th = c;
 				return c->tstate;
+			}
 		} else if (bpf_ktime_get_ns() < c->retry_ns) {
 			return 0;
 		}
 	}
 	gt_py_stat(GT_PY_WALKED);
-	struct gt_py_thread v = {.tgid = tgid};
-	v.tstate = gt_py_walk(p, nstid);
-	if (!v.tstate)
-		v.retry_ns = bpf_ktime_get_ns() + GT_PY_MISS_RETRY_NS;
-	bpf_map_update_elem(&gt_py_threads, &tid, &v, BPF_ANY);
-	return v.tstate;
+	struct gt_py_scratch *ps = gt_py_scr();
+	if (!ps)
+		return 0;
+	struct gt_py_thread *v = &ps->tv;
+	__builtin_memset(v, 0, sizeof(*v));
+	v->tgid = tgid;
+	v->tstate = gt_py_walk(p, nstid);
+	if (!v->tstate)
+		v->retry_ns = bpf_ktime_get_ns() + GT_PY_MISS_RETRY_NS;
+	__u64 ts = v->tstate;
+	bpf_map_update_elem(&gt_py_threads, &tid, v, BPF_ANY);
+	if (ts)
+		*th = bpf_map_lookup_elem(&gt_py_threads, &tid);
+	return ts;
+}
+
+static __always_inline __u64 gt_py_tstate(const struct gt_py_params *p, __u32 tgid, __u32 tid)
+{
+	struct gt_py_thread *th;
+	return gt_py_tstate_th(p, tgid, tid, &th);
 }
 
 // Is addr a live PyContext? Catches a wrong offset table and a stale pointer.
@@ -179,7 +230,25 @@ static __always_inline __u64 gt_py_ctx_id(__u64 addr, struct gt_py_link **link)
 // on a client connection, the record of a request (the write, not the
 // response read: a pooled connection's reader belongs to whoever opened it)
 // names the request that made the call by the same root.
-static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u64 *root)
+//
+// wbuf: for a write, the data address where the message starts (0 for a
+// read). In a uvloop process with deferred writes the write(2) runs in the
+// loop's check phase, in no task's context; the write probe recorded the
+// writing task's context for that buffer (bpf/python_uvloop.h), and that
+// record wins. take: the record is deleted (at the syscall's exit, where the
+// message is parsed: the address is freed and reused after the flush).
+//
+// read_conn: this call is at the read of an inbound request's first bytes on
+// server connection (read_fd, read_conn); the thread's cache entry then
+// remembers it for the copy probe's read rule (struct gt_py_thread): that
+// is how uvloop servers start request tasks. libuv's read runs outside any
+// context, then Context.run(server context, data_received) creates the
+// task. On the default loop the read runs inside the callback already and
+// the spawner rule applies; the read rule never matches there (no context
+// is entered between the read and the task's creation). Done here, with the
+// thread state at hand, to keep the syscall path's stack small.
+static __always_inline int gt_py_context_w(__u32 tgid, __u32 tid, __u64 wbuf, int take, __s32 read_fd,
+					   __u64 read_conn, __u64 *ctx, __u64 *root)
 {
 	*ctx = 0;
 	*root = 0;
@@ -188,7 +257,24 @@ static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u6
 		return GT_PY_NOT_PYTHON;
 
 	int status = GT_PY_OK;
-	__u64 ts = gt_py_tstate(p, tgid, tid);
+	struct gt_py_scratch *ps;
+	if (wbuf && (p->flags & GT_PY_F_UVWRITE) && (ps = gt_py_scr())) {
+		ps->wk.tgid = tgid;
+		ps->wk._pad = 0;
+		ps->wk.addr = wbuf;
+		struct gt_py_wbuf *w = bpf_map_lookup_elem(&gt_py_wbufs, &ps->wk);
+		if (w) {
+			*ctx = w->ctx;
+			*root = w->root;
+			if (take) {
+				bpf_map_delete_elem(&gt_py_wbufs, &ps->wk);
+				gt_py_stat(GT_PY_UV_TAKEN);
+			}
+			goto out;
+		}
+	}
+	struct gt_py_thread *th;
+	__u64 ts = gt_py_tstate_th(p, tgid, tid, &th);
 	if (!ts) {
 		status = GT_PY_NO_THREAD;
 		goto out;
@@ -197,6 +283,12 @@ static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u6
 	if (bpf_probe_read_user(&c, sizeof(c), (const void *)(ts + p->tstate_context))) {
 		status = GT_PY_READ_ERROR;
 		goto out;
+	}
+	if (read_conn && th && p->tstate_context_ver) {
+		th->pend_ver = gt_py_read_u64(ts + p->tstate_context_ver);
+		th->pend_ctx = c & GT_PY_ADDR_MASK;
+		th->pend_conn = read_conn;
+		th->pend_fd = read_fd;
 	}
 	if (!c) {
 		status = GT_PY_NO_CONTEXT;
@@ -217,6 +309,11 @@ static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u6
 out:
 	gt_py_stat(status);
 	return status;
+}
+
+static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u64 *root)
+{
+	return gt_py_context_w(tgid, tid, 0, 0, 0, 0, ctx, root);
 }
 
 // gt_py_mark_spawner records ctx (a context id from gt_py_context) as a
@@ -241,8 +338,14 @@ static __always_inline void gt_py_mark_spawner(__u64 ctx, __u32 tgid, __s32 fd, 
 	struct gt_py_spawner *cur = bpf_map_lookup_elem(&gt_py_spawners, &addr);
 	if (cur && cur->id == ctx && cur->conn_id == conn_id)
 		return; // keep-alive: the same reader for every request
-	struct gt_py_spawner sp = {.id = ctx, .conn_id = conn_id, .tgid = tgid, .fd = fd};
-	bpf_map_update_elem(&gt_py_spawners, &addr, &sp, BPF_ANY);
+	struct gt_py_scratch *ps = gt_py_scr();
+	if (!ps)
+		return;
+	ps->sp.id = ctx;
+	ps->sp.conn_id = conn_id;
+	ps->sp.tgid = tgid;
+	ps->sp.fd = fd;
+	bpf_map_update_elem(&gt_py_spawners, &addr, &ps->sp, BPF_ANY);
 	gt_py_stat(GT_PY_SPAWNERS);
 }
 

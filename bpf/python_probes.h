@@ -56,7 +56,8 @@ int gt_py_copy_ret(void *ctx)
 
 	// The GIL is held here, so the thread state and its context are stable.
 	__u64 parent = 0;
-	__u64 ts = gt_py_tstate(p, tgid, tid);
+	struct gt_py_thread *th;
+	__u64 ts = gt_py_tstate_th(p, tgid, tid, &th);
 	if (ts)
 		parent = gt_py_read_u64(ts + p->tstate_context) & GT_PY_ADDR_MASK;
 	struct gt_py_link *pl;
@@ -73,17 +74,38 @@ int gt_py_copy_ret(void *ctx)
 
 	__u64 root = pl ? pl->root : 0;
 	__u64 req_conn = pl ? pl->req_conn : 0, req_seq = pl ? pl->req_seq : 0;
-	struct gt_py_spawner *spawner = parent ? bpf_map_lookup_elem(&gt_py_spawners, &parent) : 0;
-	if (spawner && spawner->id == parent_id) {
-		root = child_id; // born from a spawner: a request's handler task
-		gt_py_stat(GT_PY_ROOTED);
+	struct gt_conn_key ck = {.tgid = tgid};
+	__u64 bind_conn = 0;
+	int rooted = 0;
+	// The read rule (struct gt_py_thread): born in the first callback
+	// entered after this thread read an inbound request's first bytes, from
+	// a context other than the read's. Exact where it applies (uvloop), so
+	// it goes first; on the default loop it never matches.
+	if (th && th->pend_ver && parent && parent != th->pend_ctx && p->tstate_context_ver &&
+	    gt_py_read_u64(ts + p->tstate_context_ver) == th->pend_ver + 1) {
+		ck.fd = th->pend_fd;
+		bind_conn = th->pend_conn;
+		rooted = 1;
+		gt_py_stat(GT_PY_ROOTED_READ);
+	} else {
+		struct gt_py_spawner *spawner = parent ? bpf_map_lookup_elem(&gt_py_spawners, &parent) : 0;
+		if (spawner && spawner->id == parent_id) {
+			ck.tgid = spawner->tgid;
+			ck.fd = spawner->fd;
+			bind_conn = spawner->conn_id;
+			rooted = 1;
+			gt_py_stat(GT_PY_ROOTED);
+		}
+	}
+	if (rooted) {
+		root = child_id; // a request's handler task
 		// Bind the handler to its request: the newest request started on
-		// the spawner's connection (the task is created right after the
-		// read that completed it, on this thread).
-		struct gt_conn_key ck = {.tgid = spawner->tgid, .fd = spawner->fd};
+		// that connection (the task is created right after the read that
+		// completed it, on this thread).
 		struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &ck);
 		req_conn = 0;
-		if (c && c->conn_id == spawner->conn_id && c->req_seq) {
+		req_seq = 0;
+		if (c && c->conn_id == bind_conn && c->req_seq) {
 			req_conn = c->conn_id;
 			req_seq = c->req_seq - 1;
 		}

@@ -396,41 +396,65 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 // response: remember its context for the next request. Client request: name
 // the inbound request whose handler makes the call. One map lookup and out
 // for processes that are not Python.
+// The asyncio part of gt_py_note, with its locals in per-CPU map memory:
+// on the stack they would put the deepest call chain (TLS reads: the uprobe,
+// gt_process, gt_step, gt_py_note, gt_inject_note) past the 512-byte limit.
+// drop_only: the context was read at the write's sys_enter
+// (injection); only the uvloop write probe's record of the buffer, if any,
+// is dropped (see gt_py_context_w).
+static __always_inline int gt_py_note_ctx(struct gt_conn *c, struct gt_io *io, int drop_only)
+{
+	struct gt_py_scratch *ps = gt_py_scr();
+	if (!c || !io || !ps)
+		return 0;
+	if (drop_only) {
+		ps->wk.tgid = io->tgid;
+		ps->wk._pad = 0;
+		ps->wk.addr = c->msg_ubuf;
+		bpf_map_delete_elem(&gt_py_wbufs, &ps->wk);
+		return 0;
+	}
+	int is_req = c->dir[io->dir & 1].is_req;
+	int server_req = c->side == GT_SIDE_SERVER && is_req;
+	if (gt_py_context_w(io->tgid, io->tid, io->dir ? c->msg_ubuf : 0, 1, io->fd, server_req ? c->conn_id : 0,
+			    &ps->ctx, &ps->root) != GT_PY_OK)
+		return 0;
+	if (c->side == GT_SIDE_SERVER) {
+		if (is_req) {
+			gt_py_mark_spawner(ps->ctx, io->tgid, io->fd, c->conn_id);
+			gt_py_mark_spawner(c->last_resp_ctx, io->tgid, io->fd, c->conn_id);
+			c->req.py_ctx = ps->ctx;
+			c->req.py_root = ps->root;
+		} else {
+			c->last_resp_ctx = ps->ctx;
+		}
+	} else if (is_req) {
+		c->req.py_ctx = ps->ctx;
+		c->req.py_root = ps->root;
+		gt_py_cause(ps->root, &c->req.cause_conn, &c->req.cause_seq);
+	}
+	return 0;
+}
+
 __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)
 		return 0;
 	__u64 t0 = gt_prof_begin();
-	int is_req = c->dir[io->dir & 1].is_req;
 #ifdef GT_INJECT
 	// A client request whose context injection's sys_enter program already
 	// read (bpf/inject.h) needs nothing more.
+	int is_req = c->dir[io->dir & 1].is_req;
 	int done = gt_inject_note(c, io);
 	gt_prof_end(GT_PROF_INJ_NOTE, t0);
 	if (done && c->side == GT_SIDE_CLIENT && is_req) {
+		if (c->msg_ubuf)
+			gt_py_note_ctx(c, io, 1);
 		gt_prof_end(GT_PROF_PY_NOTE, t0);
 		return 0;
 	}
 #endif
-	__u64 ctx, root;
-	if (gt_py_context(io->tgid, io->tid, &ctx, &root) != GT_PY_OK) {
-		gt_prof_end(GT_PROF_PY_NOTE, t0);
-		return 0;
-	}
-	if (c->side == GT_SIDE_SERVER) {
-		if (is_req) {
-			gt_py_mark_spawner(ctx, io->tgid, io->fd, c->conn_id);
-			gt_py_mark_spawner(c->last_resp_ctx, io->tgid, io->fd, c->conn_id);
-			c->req.py_ctx = ctx;
-			c->req.py_root = root;
-		} else {
-			c->last_resp_ctx = ctx;
-		}
-	} else if (is_req) {
-		c->req.py_ctx = ctx;
-		c->req.py_root = root;
-		gt_py_cause(root, &c->req.cause_conn, &c->req.cause_seq);
-	}
+	gt_py_note_ctx(c, io, 0);
 	gt_prof_end(GT_PROF_PY_NOTE, t0);
 	return 0;
 }
@@ -467,6 +491,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	ev->rollout.attempt = -1;
 	if (!c->started)
 		ev->flags |= GT_F_RESYNC;
+	c->msg_ubuf = ubuf;
 	if (!(gt_prof_skip & 4))
 		gt_py_note(c, io);
 	__u64 t0 = gt_prof_begin();
@@ -529,8 +554,10 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	// Even for a gated-off exchange: the next request's handler task may be
 	// born from this response's context (keep-alive), and must not inherit
 	// this request's root.
-	if (c->side == GT_SIDE_SERVER)
+	if (c->side == GT_SIDE_SERVER) {
+		c->msg_ubuf = ubuf;
 		gt_py_note(c, io);
+	}
 	__u64 idx = c->resp_seq++;
 	__u64 bit = 1ULL << (idx & 63);
 	if (idx >= c->req_seq || (c->skip_ring & bit) || !(c->emitted_ring & bit)) {

@@ -157,6 +157,21 @@ int gt_tls_rw_entry(struct pt_regs___gttls *ctx)
 	return 0;
 }
 
+// The return probe's struct gt_io, in per-CPU map memory: on its stack,
+// the chain below it (gt_process, gt_step, gt_headers, gt_scan_headers)
+// passes the verifier's 512-byte limit for the combined stack (6.18).
+struct gt_tls_ret_scratch {
+	struct gt_io io;
+	struct gt_tls_call call;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_tls_ret_scratch);
+} gt_tls_io SEC(".maps");
+
 SEC("uretprobe")
 int gt_tls_rw_ret(struct pt_regs___gttls *ctx)
 {
@@ -167,14 +182,19 @@ int gt_tls_rw_ret(struct pt_regs___gttls *ctx)
 	struct gt_tls_call *cp = bpf_map_lookup_elem(&gt_tls_calls, &tid);
 	if (!cp)
 		return 0;
-	struct gt_tls_call call = *cp;
+	__u32 zero = 0;
+	struct gt_tls_ret_scratch *scr = bpf_map_lookup_elem(&gt_tls_io, &zero);
+	if (!scr)
+		return 0;
+	scr->call = *cp;
+	struct gt_tls_call *call = &scr->call;
 	bpf_map_delete_elem(&gt_tls_calls, &tid);
 	int ret = (int)GT_TLS_RET(ctx);
 	__u64 n = 0;
 	if (ret <= 0)
 		return 0; // WANT_READ/WANT_WRITE (retried later), or an error
-	if (call.cookie & GT_TLS_FLAVOR_EX) {
-		if (bpf_probe_read_user(&n, sizeof(n), (void *)call.done))
+	if (call->cookie & GT_TLS_FLAVOR_EX) {
+		if (bpf_probe_read_user(&n, sizeof(n), (void *)call->done))
 			return 0;
 	} else {
 		n = ret;
@@ -182,19 +202,20 @@ int gt_tls_rw_ret(struct pt_regs___gttls *ctx)
 	if (!n || n > 0x7fffffff)
 		return 0;
 
-	struct gt_io io = {};
-	if (!gt_tls_gate(&io, id))
+	struct gt_io *io = &scr->io;
+	__builtin_memset(io, 0, sizeof(*io));
+	if (!gt_tls_gate(io, id))
 		return 0;
-	io.dir = (call.cookie & GT_TLS_WRITE) ? 1 : 0;
-	struct gt_conn *c = gt_tls_conn(&io, call.ssl, 1);
+	io->dir = (call->cookie & GT_TLS_WRITE) ? 1 : 0;
+	struct gt_conn *c = gt_tls_conn(io, call->ssl, 1);
 	if (!c || c->kind != GT_CONN_HTTP)
 		return 0;
-	if (c->side == GT_SIDE_SERVER && !(io.server_possible & io.mask) && !(io.cfg_flags & GT_CFG_NO_GATE))
+	if (c->side == GT_SIDE_SERVER && !(io->server_possible & io->mask) && !(io->cfg_flags & GT_CFG_NO_GATE))
 		return 0;
-	if (c->side == GT_SIDE_CLIENT && !(io.client_possible & io.mask) && !(io.cfg_flags & GT_CFG_NO_GATE))
+	if (c->side == GT_SIDE_CLIENT && !(io->client_possible & io->mask) && !(io->cfg_flags & GT_CFG_NO_GATE))
 		return 0;
-	io.fd = c->tls_fd;
-	gt_process(c, &io, call.buf, (__u32)n);
+	io->fd = c->tls_fd;
+	gt_process(c, io, call->buf, (__u32)n);
 	return 0;
 }
 

@@ -63,6 +63,7 @@ struct gt_conn {
 	struct gt_dir dir[2]; // [0] = bytes read, [1] = bytes written
 	struct gt_tuple tuple;
 	__u64 last_resp_ctx; // asyncio context that started the last response (a spawner candidate)
+	__u64 msg_ubuf;      // where the message gt_py_note is told about starts (uvloop write probe key)
 	// The first bytes of a message start that arrived alone (Go's net/http
 	// server reads 1 byte after each request): kept until the next syscall
 	// completes them.

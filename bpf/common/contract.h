@@ -243,6 +243,7 @@ enum gt_prof_section {
 	GT_PROF_PROCESS = 14,    // gt_process (all steps of one buffer)
 	GT_PROF_START_RESP = 15, // gt_start_response
 	GT_PROF_PEEK = 16,       // gt_peek_start + classify
+	GT_PROF_PY_UVWRITE = 17, // the uvloop write probe
 	GT_PROF_MAX = 24,
 };
 

@@ -27,6 +27,13 @@ struct gt_py_params {
 	__u64 context_type; // address of PyContext_Type (validates context pointers)
 	__u64 pidns_dev;    // target's PID namespace (nsfs dev, inode) when it is not
 	__u64 pidns_ino;    // the initial one; 0 = thread ids are global ids
+	// Types the uvloop write probe tells apart (bpf/python_uvloop.h), from
+	// the interpreter's .dynsym; 0 when not found.
+	__u64 bytes_type;      // PyBytes_Type
+	__u64 bytearray_type;  // PyByteArray_Type
+	__u64 memoryview_type; // PyMemoryView_Type
+	__u64 list_type;       // PyList_Type
+	__u64 tuple_type;      // PyTuple_Type
 	__u32 version;      // PY_VERSION_HEX, e.g. 0x030b02f0
 	__u16 runtime_interp_head; // _PyRuntimeState.interpreters.head
 	__u16 interp_next;         // PyInterpreterState.next
@@ -36,15 +43,48 @@ struct gt_py_params {
 	__u16 tstate_context;      // PyThreadState.context
 	__u16 ctx_prev;            // PyContext.ctx_prev (userspace diagnostics only)
 	__u16 ob_type;             // PyObject.ob_type
-	__u16 _pad[2];
+	// PyThreadState.context_ver: bumped at every context enter and exit
+	// (Context.run, a task step), so it tells whether a copy is made in the
+	// first callback entered after a read (see gt_py_thread.pend_ver).
+	__u16 tstate_context_ver;
+	__u16 flags; // enum gt_py_flag
+};
+
+enum gt_py_flag {
+	// uvloop with deferred writes: its UVStream write probes are attached,
+	// and a write's context is the one they recorded for its buffer.
+	GT_PY_F_UVWRITE = 1,
 };
 
 // Per-thread cache: global tid -> the thread's PyThreadState.
+// It also holds the thread's last inbound request read, for event loops
+// that read outside the protocol callback (uvloop: libuv reads, then enters
+// the server's one shared context to call data_received, which creates the
+// request's task): a context born while tstate->context_ver is exactly
+// pend_ver + 1, from a context other than the read's, is born in the first
+// callback entered after that read, so it is that request's handler.
 struct gt_py_thread {
 	__u64 tstate;   // 0: the walk found no Python thread state for this tid
 	__u64 retry_ns; // with tstate == 0: do not walk again before this time
 	__u32 tgid;     // guards against a tid reused by another process
+	__s32 pend_fd;  // the connection of the last inbound request read
+	__u64 pend_ver; // tstate->context_ver at that read; 0 = none
+	__u64 pend_ctx; // the context current at that read (address)
+	__u64 pend_conn; // gt_conn.conn_id of the connection
+};
+
+// gt_py_wbufs: the uvloop write probe's record of a buffer handed to
+// UVStream.write, keyed by the data address the flush passes to write(2).
+struct gt_py_wbuf_key {
+	__u32 tgid;
 	__u32 _pad;
+	__u64 addr;
+};
+
+struct gt_py_wbuf {
+	__u64 ctx;  // id of the writing task's context
+	__u64 root; // its root (gt_py_link.root)
+	__u64 ns;   // when it was written
 };
 
 // gt_py_links value, keyed by PyContext address. Written by the
@@ -92,5 +132,9 @@ enum gt_py_status {
 	GT_PY_LINKED = 7,      // (counter only) links written by the copy probe
 	GT_PY_ROOTED = 8,      // (counter only) births that started a request (parent a spawner)
 	GT_PY_SPAWNERS = 9,    // (counter only) spawners marked
-	GT_PY_STAT_MAX = 10,
+	GT_PY_ROOTED_READ = 10, // (counter only) births rooted by the read rule (uvloop's data_received)
+	GT_PY_UV_WRITES = 11,   // (counter only) uvloop writes recorded by the write probe
+	GT_PY_UV_TAKEN = 12,    // (counter only) message starts whose context came from that record
+	GT_PY_UV_SKIPPED = 13,  // (counter only) uvloop writes of a buffer type the probe does not read
+	GT_PY_STAT_MAX = 14,
 };

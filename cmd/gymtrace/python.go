@@ -21,7 +21,12 @@ type pyTargets struct {
 	mu     sync.Mutex
 	interp map[int]*python.Interpreter
 	probes map[int]io.Closer
-	want   bool
+	// uvloop's write probes, for processes whose uvloop defers writes
+	// (docs/python-causality.md); uvWatch: processes still being watched
+	// for a late `import uvloop`.
+	uvProbes map[int]io.Closer
+	uvWatch  map[int]bool
+	want     bool
 }
 
 // needsPy: client spans and sandbox spans take their parent from the
@@ -31,7 +36,8 @@ func needsPy(m groups.Mask) bool {
 }
 
 func newPyTargets(t *tracer, m groups.Mask) *pyTargets {
-	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{}, want: needsPy(m)}
+	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
+		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, want: needsPy(m)}
 }
 
 // add inspects a new target in the background: a process that has only just
@@ -80,11 +86,101 @@ func (p *pyTargets) attachLocked(pid int, in *python.Interpreter) {
 		return
 	}
 	p.probes[pid] = c
+	p.uvloopLocked(pid, in)
+}
+
+// uvloopLocked looks for uvloop in the process; one not imported yet is
+// watched for (uvicorn imports it when it sets its loop up, just before it
+// serves), quickly at first.
+func (p *pyTargets) uvloopLocked(pid int, in *python.Interpreter) {
+	if _, ok := p.uvProbes[pid]; ok || p.uvWatch[pid] {
+		return
+	}
+	if p.tryUVloopLocked(pid, in) {
+		return
+	}
+	p.uvWatch[pid] = true
+	go func() {
+		start := time.Now()
+		for {
+			d := 50 * time.Millisecond
+			if time.Since(start) > 5*time.Second {
+				d = time.Second
+			}
+			if time.Since(start) > 2*time.Minute {
+				d = 0
+			}
+			if d > 0 {
+				time.Sleep(d)
+			}
+			p.mu.Lock()
+			done := d == 0 || !p.uvWatch[pid] || p.interp[pid] != in || !p.want || p.tryUVloopLocked(pid, in)
+			if done {
+				delete(p.uvWatch, pid)
+			}
+			p.mu.Unlock()
+			if done {
+				return
+			}
+		}
+	}()
+}
+
+// tryUVloopLocked reports whether the process's loop question is settled:
+// uvloop found (and its write probes attached where its writes are
+// deferred), or a uvloop this package cannot probe (logged once).
+func (p *pyTargets) tryUVloopLocked(pid int, in *python.Interpreter) bool {
+	m, err := python.FindUVloop(pid)
+	if m == nil && err == nil {
+		return false // not (yet) imported
+	}
+	if err != nil && m == nil {
+		return false // the process is going away, or its maps are unreadable for now
+	}
+	if err != nil {
+		p.t.log.Warn("uvloop build not recognised: calls made while its writes are deferred stay unattributed",
+			"pid", pid, "uvloop", m.Version, "module", m.Path, "err", err)
+		p.t.spans.Builder().SetNoContext(pid, "uvloop_unrecognized")
+		return true
+	}
+	if !m.Deferred() {
+		p.t.log.Debug("uvloop writes at once: no write probe needed", "pid", pid, "uvloop", m.Version)
+		return true
+	}
+	c, err := m.AttachWriteProbes(pid, p.t.kern.PyUVWriteProgram())
+	if err != nil {
+		p.t.log.Warn("uvloop write probes not attached: calls made while its writes are deferred stay unattributed",
+			"pid", pid, "uvloop", m.Version, "module", m.Path, "err", err)
+		p.t.spans.Builder().SetNoContext(pid, "uvloop_unrecognized")
+		return true
+	}
+	params := in.Params
+	params.Flags |= python.FlagUVWrite
+	if err := p.t.kern.SetPython(pid, params); err != nil {
+		_ = c.Close()
+		p.t.log.Warn("uvloop write probes off for this process", "pid", pid, "err", err)
+		return true
+	}
+	p.uvProbes[pid] = c
+	p.t.log.Debug("uvloop write probes attached", "pid", pid, "uvloop", m.Version, "sites", len(m.Sites))
+	return true
+}
+
+func (p *pyTargets) detachUVLocked(pid int) {
+	delete(p.uvWatch, pid)
+	if c, ok := p.uvProbes[pid]; ok {
+		_ = c.Close()
+		delete(p.uvProbes, pid)
+		if in, ok := p.interp[pid]; ok {
+			_ = p.t.kern.SetPython(pid, in.Params)
+		}
+	}
 }
 
 func (p *pyTargets) remove(pid int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.detachUVLocked(pid)
 	if c, ok := p.probes[pid]; ok {
 		_ = c.Close()
 		delete(p.probes, pid)
@@ -104,6 +200,7 @@ func (p *pyTargets) setMask(m groups.Mask) {
 		if p.want {
 			p.attachLocked(pid, in)
 		} else if c, ok := p.probes[pid]; ok {
+			p.detachUVLocked(pid)
 			_ = c.Close()
 			delete(p.probes, pid)
 		}
@@ -113,6 +210,10 @@ func (p *pyTargets) setMask(m groups.Mask) {
 func (p *pyTargets) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for pid := range p.uvProbes {
+		p.detachUVLocked(pid)
+	}
+	p.uvWatch = map[int]bool{}
 	for pid, c := range p.probes {
 		_ = c.Close()
 		delete(p.probes, pid)

@@ -74,6 +74,7 @@ type bpfGtConn struct {
 		Pad    uint16
 	}
 	LastRespCtx uint64
+	MsgUbuf     uint64
 	PartialLen  uint8
 	PartialDir  uint8
 	Partial     [14]uint8
@@ -270,6 +271,7 @@ const (
 	bpfGtProfSectionGT_PROF_PROCESS    bpfGtProfSection = 14
 	bpfGtProfSectionGT_PROF_START_RESP bpfGtProfSection = 15
 	bpfGtProfSectionGT_PROF_PEEK       bpfGtProfSection = 16
+	bpfGtProfSectionGT_PROF_PY_UVWRITE bpfGtProfSection = 17
 	bpfGtProfSectionGT_PROF_MAX        bpfGtProfSection = 24
 )
 
@@ -297,6 +299,11 @@ type bpfGtPyParams struct {
 	ContextType       uint64
 	PidnsDev          uint64
 	PidnsIno          uint64
+	BytesType         uint64
+	BytearrayType     uint64
+	MemoryviewType    uint64
+	ListType          uint64
+	TupleType         uint64
 	Version           uint32
 	RuntimeInterpHead uint16
 	InterpNext        uint16
@@ -306,7 +313,17 @@ type bpfGtPyParams struct {
 	TstateContext     uint16
 	CtxPrev           uint16
 	ObType            uint16
-	Pad               [2]uint16
+	TstateContextVer  uint16
+	Flags             uint16
+}
+
+type bpfGtPyScratch struct {
+	_    structs.HostLayout
+	Wk   bpfGtPyWbufKey
+	Sp   bpfGtPySpawner
+	Ctx  uint64
+	Root uint64
+	Tv   bpfGtPyThread
 }
 
 type bpfGtPySpawner struct {
@@ -318,11 +335,28 @@ type bpfGtPySpawner struct {
 }
 
 type bpfGtPyThread struct {
-	_       structs.HostLayout
-	Tstate  uint64
-	RetryNs uint64
-	Tgid    uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Tstate   uint64
+	RetryNs  uint64
+	Tgid     uint32
+	PendFd   int32
+	PendVer  uint64
+	PendCtx  uint64
+	PendConn uint64
+}
+
+type bpfGtPyWbuf struct {
+	_    structs.HostLayout
+	Ctx  uint64
+	Root uint64
+	Ns   uint64
+}
+
+type bpfGtPyWbufKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Pad  uint32
+	Addr uint64
 }
 
 type bpfGtRole uint32
@@ -485,6 +519,28 @@ type bpfGtTlsPending struct {
 	Pad  uint32
 }
 
+type bpfGtTlsRetScratch struct {
+	_  structs.HostLayout
+	Io struct {
+		_              structs.HostLayout
+		Now            uint64
+		Tgid           uint32
+		Tid            uint32
+		Fd             int32
+		Dir            uint8
+		Role           uint8
+		HdrFirst       uint8
+		_              [1]byte
+		CfgFlags       uint32
+		CfgGen         uint32
+		Mask           uint64
+		ServerPossible uint64
+		ClientPossible uint64
+		ScanGen        uint64
+	}
+	Call bpfGtTlsCall
+}
+
 type bpfGtTraceCtx struct {
 	_       structs.HostLayout
 	TraceId [16]uint8
@@ -585,9 +641,11 @@ const (
 	bpfMapGtProf                = "gt_prof"
 	bpfMapGtPyLinks             = "gt_py_links"
 	bpfMapGtPyProcs             = "gt_py_procs"
+	bpfMapGtPyScratch           = "gt_py_scratch"
 	bpfMapGtPySpawners          = "gt_py_spawners"
 	bpfMapGtPyStats             = "gt_py_stats"
 	bpfMapGtPyThreads           = "gt_py_threads"
+	bpfMapGtPyWbufs             = "gt_py_wbufs"
 	bpfMapGtRoutes              = "gt_routes"
 	bpfMapGtSandboxes           = "gt_sandboxes"
 	bpfMapGtScratch             = "gt_scratch"
@@ -596,6 +654,7 @@ const (
 	bpfMapGtTargets             = "gt_targets"
 	bpfMapGtTlsCalls            = "gt_tls_calls"
 	bpfMapGtTlsConns            = "gt_tls_conns"
+	bpfMapGtTlsIo               = "gt_tls_io"
 	bpfMapGtTlsPending          = "gt_tls_pending"
 	bpfMapGtTraceCtxs           = "gt_trace_ctxs"
 	bpfProgGtEnterClose         = "gt_enter_close"
@@ -617,6 +676,7 @@ const (
 	bpfProgGtInjectMsg          = "gt_inject_msg"
 	bpfProgGtInjectSockops      = "gt_inject_sockops"
 	bpfProgGtPyCopyRet          = "gt_py_copy_ret"
+	bpfProgGtPyUvWrite          = "gt_py_uv_write"
 	bpfProgGtTlsFree            = "gt_tls_free"
 	bpfProgGtTlsHandshake       = "gt_tls_handshake"
 	bpfProgGtTlsRwEntry         = "gt_tls_rw_entry"
@@ -704,6 +764,7 @@ type bpfProgramSpecs struct {
 	GtInjectMsg          *ebpf.ProgramSpec `ebpf:"gt_inject_msg"`
 	GtInjectSockops      *ebpf.ProgramSpec `ebpf:"gt_inject_sockops"`
 	GtPyCopyRet          *ebpf.ProgramSpec `ebpf:"gt_py_copy_ret"`
+	GtPyUvWrite          *ebpf.ProgramSpec `ebpf:"gt_py_uv_write"`
 	GtTlsFree            *ebpf.ProgramSpec `ebpf:"gt_tls_free"`
 	GtTlsHandshake       *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
@@ -730,9 +791,11 @@ type bpfMapSpecs struct {
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPyScratch     *ebpf.MapSpec `ebpf:"gt_py_scratch"`
 	GtPySpawners    *ebpf.MapSpec `ebpf:"gt_py_spawners"`
 	GtPyStats       *ebpf.MapSpec `ebpf:"gt_py_stats"`
 	GtPyThreads     *ebpf.MapSpec `ebpf:"gt_py_threads"`
+	GtPyWbufs       *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
 	GtRoutes        *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtSandboxes     *ebpf.MapSpec `ebpf:"gt_sandboxes"`
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
@@ -741,6 +804,7 @@ type bpfMapSpecs struct {
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.MapSpec `ebpf:"gt_tls_calls"`
 	GtTlsConns      *ebpf.MapSpec `ebpf:"gt_tls_conns"`
+	GtTlsIo         *ebpf.MapSpec `ebpf:"gt_tls_io"`
 	GtTlsPending    *ebpf.MapSpec `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.MapSpec `ebpf:"gt_trace_ctxs"`
 }
@@ -807,9 +871,11 @@ type bpfMaps struct {
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPyScratch     *ebpf.Map `ebpf:"gt_py_scratch"`
 	GtPySpawners    *ebpf.Map `ebpf:"gt_py_spawners"`
 	GtPyStats       *ebpf.Map `ebpf:"gt_py_stats"`
 	GtPyThreads     *ebpf.Map `ebpf:"gt_py_threads"`
+	GtPyWbufs       *ebpf.Map `ebpf:"gt_py_wbufs"`
 	GtRoutes        *ebpf.Map `ebpf:"gt_routes"`
 	GtSandboxes     *ebpf.Map `ebpf:"gt_sandboxes"`
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
@@ -818,6 +884,7 @@ type bpfMaps struct {
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.Map `ebpf:"gt_tls_calls"`
 	GtTlsConns      *ebpf.Map `ebpf:"gt_tls_conns"`
+	GtTlsIo         *ebpf.Map `ebpf:"gt_tls_io"`
 	GtTlsPending    *ebpf.Map `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.Map `ebpf:"gt_trace_ctxs"`
 }
@@ -840,9 +907,11 @@ func (m *bpfMaps) Close() error {
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
+		m.GtPyScratch,
 		m.GtPySpawners,
 		m.GtPyStats,
 		m.GtPyThreads,
+		m.GtPyWbufs,
 		m.GtRoutes,
 		m.GtSandboxes,
 		m.GtScratch,
@@ -851,6 +920,7 @@ func (m *bpfMaps) Close() error {
 		m.GtTargets,
 		m.GtTlsCalls,
 		m.GtTlsConns,
+		m.GtTlsIo,
 		m.GtTlsPending,
 		m.GtTraceCtxs,
 	)
@@ -905,6 +975,7 @@ type bpfPrograms struct {
 	GtInjectMsg          *ebpf.Program `ebpf:"gt_inject_msg"`
 	GtInjectSockops      *ebpf.Program `ebpf:"gt_inject_sockops"`
 	GtPyCopyRet          *ebpf.Program `ebpf:"gt_py_copy_ret"`
+	GtPyUvWrite          *ebpf.Program `ebpf:"gt_py_uv_write"`
 	GtTlsFree            *ebpf.Program `ebpf:"gt_tls_free"`
 	GtTlsHandshake       *ebpf.Program `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.Program `ebpf:"gt_tls_rw_entry"`
@@ -932,6 +1003,7 @@ func (p *bpfPrograms) Close() error {
 		p.GtInjectMsg,
 		p.GtInjectSockops,
 		p.GtPyCopyRet,
+		p.GtPyUvWrite,
 		p.GtTlsFree,
 		p.GtTlsHandshake,
 		p.GtTlsRwEntry,

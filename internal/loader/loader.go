@@ -307,6 +307,10 @@ func (t *Tracer) SetPython(pid int, params any) error {
 // child contexts to their request (attached per process by internal/python).
 func (t *Tracer) PyCopyProgram() *ebpf.Program { return t.objs.GtPyCopyRet }
 
+// PyUVWriteProgram is the uvloop UVStream write probe that names the task
+// behind a deferred write (attached per process by internal/python).
+func (t *Tracer) PyUVWriteProgram() *ebpf.Program { return t.objs.GtPyUvWrite }
+
 // Stats sums the per-CPU counters; index with the Stat* constants.
 func (t *Tracer) Stats() ([]uint64, error) {
 	out := make([]uint64, StatMax)
@@ -336,7 +340,7 @@ var profNames = map[uint32]string{
 	uint32(bpfGtProfSectionGT_PROF_HEADERS): "headers", uint32(bpfGtProfSectionGT_PROF_SCAN): "scan_headers",
 	uint32(bpfGtProfSectionGT_PROF_EMIT): "emit", uint32(bpfGtProfSectionGT_PROF_ROLLOUT): "scan_rollout",
 	uint32(bpfGtProfSectionGT_PROF_INJ_ENTER): "inject_enter", uint32(bpfGtProfSectionGT_PROF_INJ_CHECK): "inject_check",
-	uint32(bpfGtProfSectionGT_PROF_INJ_DECIDE): "inject_decide", uint32(bpfGtProfSectionGT_PROF_PY_COPY): "py_copy",
+	uint32(bpfGtProfSectionGT_PROF_INJ_DECIDE): "inject_decide", uint32(bpfGtProfSectionGT_PROF_PY_COPY): "py_copy", uint32(bpfGtProfSectionGT_PROF_PY_UVWRITE): "py_uvwrite",
 	uint32(bpfGtProfSectionGT_PROF_PROCESS): "process", uint32(bpfGtProfSectionGT_PROF_START_RESP): "start_response",
 	uint32(bpfGtProfSectionGT_PROF_PEEK): "peek",
 }

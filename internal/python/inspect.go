@@ -24,6 +24,10 @@ const (
 	ProbeSymbol = "PyContext_CopyCurrent"
 )
 
+// The buffer and sequence types the uvloop write probe recognises, by their
+// exported type objects.
+var typeSymbols = []string{"PyBytes_Type", "PyByteArray_Type", "PyMemoryView_Type", "PyList_Type", "PyTuple_Type"}
+
 // ErrNotPython means the process maps no ELF that defines _PyRuntime.
 var ErrNotPython = errors.New("no CPython runtime in the process")
 
@@ -77,6 +81,12 @@ func InspectInterpreter(pid int) (*Interpreter, error) {
 
 	in.Params.Runtime = syms[symRuntime] + in.Bias
 	in.Params.ContextType = syms[symContextType] + in.Bias
+	for i, dst := range []*uint64{&in.Params.BytesType, &in.Params.ByteArrayType, &in.Params.MemoryViewType,
+		&in.Params.ListType, &in.Params.TupleType} {
+		if a, ok := syms[typeSymbols[i]]; ok {
+			*dst = a + in.Bias
+		}
+	}
 	if addr, ok := syms[symVersion]; ok {
 		var b [4]byte
 		if _, err := mem.ReadAt(b[:], int64(addr+in.Bias)); err != nil {
@@ -113,6 +123,9 @@ func InspectInterpreter(pid int) (*Interpreter, error) {
 	in.Params.TstateNext = l.tstateNext
 	in.Params.TstateNativeTid = l.tstateNativeTid
 	in.Params.TstateContext = l.tstateContext
+	// uint64_t context_ver follows PyObject *context in PyThreadState in
+	// every supported version (3.11-3.14 headers).
+	in.Params.TstateContextVer = l.tstateContext + 8
 	in.Params.CtxPrev = l.ctxPrev
 	in.Params.ObType = l.obType
 	if in.Params.PidnsDev, in.Params.PidnsIno, err = pidNamespace(pid); err != nil {
@@ -260,6 +273,9 @@ func tryELF(pid int, maps []mapping, m mapping) (*Interpreter, map[string]uint64
 	defer f.Close()
 
 	want := map[string]bool{symRuntime: true, symContextType: true, symVersion: true, ProbeSymbol: true}
+	for _, n := range typeSymbols {
+		want[n] = true
+	}
 	syms := map[string]uint64{}
 	collect := func(list []elf.Symbol) {
 		for _, s := range list {

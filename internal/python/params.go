@@ -16,10 +16,16 @@ import "fmt"
 // bpf/common/python_contract.h. Field order and sizes must match it; a test
 // checks them against the compiled object's BTF.
 type Params struct {
-	Runtime           uint64 // address of _PyRuntime in the target
-	ContextType       uint64 // address of PyContext_Type
-	PidnsDev          uint64 // target PID namespace; 0 when it is the initial one
-	PidnsIno          uint64
+	Runtime     uint64 // address of _PyRuntime in the target
+	ContextType uint64 // address of PyContext_Type
+	PidnsDev    uint64 // target PID namespace; 0 when it is the initial one
+	PidnsIno    uint64
+	// Types the uvloop write probe tells apart; 0 when not exported.
+	BytesType         uint64 // PyBytes_Type
+	ByteArrayType     uint64 // PyByteArray_Type
+	MemoryViewType    uint64 // PyMemoryView_Type
+	ListType          uint64 // PyList_Type
+	TupleType         uint64 // PyTuple_Type
 	Version           uint32 // PY_VERSION_HEX
 	RuntimeInterpHead uint16
 	InterpNext        uint16
@@ -29,8 +35,15 @@ type Params struct {
 	TstateContext     uint16
 	CtxPrev           uint16
 	ObType            uint16
-	Pad               [2]uint16
+	// PyThreadState.context_ver, which every context enter and exit bumps
+	// (the read rule of the copy probe); 0 turns that rule off.
+	TstateContextVer uint16
+	Flags            uint16 // FlagUVWrite
 }
+
+// FlagUVWrite (GT_PY_F_UVWRITE): uvloop's write probes are attached to the
+// process, so a write's context is the one they recorded for its buffer.
+const FlagUVWrite = 1
 
 // Link is the gt_py_links map value (struct gt_py_link), keyed by context
 // address: the birth of the context now at that address.

@@ -72,6 +72,7 @@ type Stats struct {
 	ParentByNesting      uint64               // client requests attributed as the innermost of one chain of in-flight requests
 	ParentNone           uint64               // client requests with no inbound request in flight: roots
 	ParentAmbiguous      uint64               // client requests with several candidate inbound requests: roots marked unresolved
+	ParentNoContext      uint64               // ... of which the process's asyncio context cannot be read (an unrecognised uvloop build)
 	JoinedTuple          uint64               // server spans joined to a client span on this node by connection
 	LateJoins            uint64               // ... of which the client's record arrived after the server's
 	JoinedTraceparent    uint64               // server or gym.* spans joined to an in-band traceparent
@@ -188,6 +189,7 @@ type Builder struct {
 	st       Stats
 	lc       lifecycle // gym.job and gym.sandbox.* (lifecycle.go)
 	jobIDs   map[uint32]jobIDs
+	noCtx    map[uint32]string // pid -> why its calls cannot name their request (SetNoContext)
 }
 
 // jobIDs are a collector's gym.job ids, decided and published before its
@@ -228,6 +230,7 @@ func NewBuilder(opt Options) (*Builder, error) {
 		procs:    make(map[uint32]*discover.Process),
 		open:     make(map[*http.Exchange]struct{}),
 		jobIDs:   make(map[uint32]jobIDs),
+		noCtx:    make(map[uint32]string),
 	}
 	b.mask.Store(uint64(opt.Mask))
 	return b, nil
@@ -284,9 +287,21 @@ func (b *Builder) ForgetProcess(pid int) {
 	delete(b.inferred, uint32(pid))
 	delete(b.procs, uint32(pid))
 	delete(b.jobIDs, uint32(pid))
+	delete(b.noCtx, uint32(pid))
 	if b.opt.Inject != nil {
 		b.opt.Inject.UnpublishJob(uint32(pid))
 	}
+}
+
+// SetNoContext records that process pid's calls cannot name their inbound
+// request through the asyncio context, and why (e.g. "uvloop_unrecognized":
+// its uvloop defers writes and gymtrace could not probe that build). A call
+// of that process left without a parent carries the reason in
+// gymtrace.parent.unresolved instead of "ambiguous".
+func (b *Builder) SetNoContext(pid int, why string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.noCtx[uint32(pid)] = why
 }
 
 // PrepareJob decides the gym.job ids of a collector (a process whose calls
@@ -680,6 +695,10 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 	}
 	b.st.ParentAmbiguous++
 	*why = "ambiguous"
+	if r, ok := b.noCtx[x.PID]; ok {
+		b.st.ParentNoContext++
+		*why = r
+	}
 	return nil
 }
 

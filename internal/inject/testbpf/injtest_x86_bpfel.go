@@ -61,6 +61,7 @@ type injtestGtConn struct {
 		Pad    uint16
 	}
 	LastRespCtx uint64
+	MsgUbuf     uint64
 	PartialLen  uint8
 	PartialDir  uint8
 	Partial     [14]uint8
@@ -246,6 +247,11 @@ type injtestGtPyParams struct {
 	ContextType       uint64
 	PidnsDev          uint64
 	PidnsIno          uint64
+	BytesType         uint64
+	BytearrayType     uint64
+	MemoryviewType    uint64
+	ListType          uint64
+	TupleType         uint64
 	Version           uint32
 	RuntimeInterpHead uint16
 	InterpNext        uint16
@@ -255,7 +261,17 @@ type injtestGtPyParams struct {
 	TstateContext     uint16
 	CtxPrev           uint16
 	ObType            uint16
-	Pad               [2]uint16
+	TstateContextVer  uint16
+	Flags             uint16
+}
+
+type injtestGtPyScratch struct {
+	_    structs.HostLayout
+	Wk   injtestGtPyWbufKey
+	Sp   injtestGtPySpawner
+	Ctx  uint64
+	Root uint64
+	Tv   injtestGtPyThread
 }
 
 type injtestGtPySpawner struct {
@@ -267,11 +283,28 @@ type injtestGtPySpawner struct {
 }
 
 type injtestGtPyThread struct {
-	_       structs.HostLayout
-	Tstate  uint64
-	RetryNs uint64
-	Tgid    uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Tstate   uint64
+	RetryNs  uint64
+	Tgid     uint32
+	PendFd   int32
+	PendVer  uint64
+	PendCtx  uint64
+	PendConn uint64
+}
+
+type injtestGtPyWbuf struct {
+	_    structs.HostLayout
+	Ctx  uint64
+	Root uint64
+	Ns   uint64
+}
+
+type injtestGtPyWbufKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Pad  uint32
+	Addr uint64
 }
 
 type injtestGtRouteKey struct {
@@ -453,9 +486,11 @@ const (
 	injtestMapGtProf                = "gt_prof"
 	injtestMapGtPyLinks             = "gt_py_links"
 	injtestMapGtPyProcs             = "gt_py_procs"
+	injtestMapGtPyScratch           = "gt_py_scratch"
 	injtestMapGtPySpawners          = "gt_py_spawners"
 	injtestMapGtPyStats             = "gt_py_stats"
 	injtestMapGtPyThreads           = "gt_py_threads"
+	injtestMapGtPyWbufs             = "gt_py_wbufs"
 	injtestMapGtRoutes              = "gt_routes"
 	injtestMapGtScratch             = "gt_scratch"
 	injtestMapGtStats               = "gt_stats"
@@ -571,9 +606,11 @@ type injtestMapSpecs struct {
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPyScratch     *ebpf.MapSpec `ebpf:"gt_py_scratch"`
 	GtPySpawners    *ebpf.MapSpec `ebpf:"gt_py_spawners"`
 	GtPyStats       *ebpf.MapSpec `ebpf:"gt_py_stats"`
 	GtPyThreads     *ebpf.MapSpec `ebpf:"gt_py_threads"`
+	GtPyWbufs       *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
 	GtRoutes        *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
@@ -637,9 +674,11 @@ type injtestMaps struct {
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPyScratch     *ebpf.Map `ebpf:"gt_py_scratch"`
 	GtPySpawners    *ebpf.Map `ebpf:"gt_py_spawners"`
 	GtPyStats       *ebpf.Map `ebpf:"gt_py_stats"`
 	GtPyThreads     *ebpf.Map `ebpf:"gt_py_threads"`
+	GtPyWbufs       *ebpf.Map `ebpf:"gt_py_wbufs"`
 	GtRoutes        *ebpf.Map `ebpf:"gt_routes"`
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
@@ -667,9 +706,11 @@ func (m *injtestMaps) Close() error {
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
+		m.GtPyScratch,
 		m.GtPySpawners,
 		m.GtPyStats,
 		m.GtPyThreads,
+		m.GtPyWbufs,
 		m.GtRoutes,
 		m.GtScratch,
 		m.GtStats,

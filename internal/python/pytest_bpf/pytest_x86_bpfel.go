@@ -61,6 +61,7 @@ type pytestGtConn struct {
 		Pad    uint16
 	}
 	LastRespCtx uint64
+	MsgUbuf     uint64
 	PartialLen  uint8
 	PartialDir  uint8
 	Partial     [14]uint8
@@ -149,6 +150,11 @@ type pytestGtPyParams struct {
 	ContextType       uint64
 	PidnsDev          uint64
 	PidnsIno          uint64
+	BytesType         uint64
+	BytearrayType     uint64
+	MemoryviewType    uint64
+	ListType          uint64
+	TupleType         uint64
 	Version           uint32
 	RuntimeInterpHead uint16
 	InterpNext        uint16
@@ -158,7 +164,17 @@ type pytestGtPyParams struct {
 	TstateContext     uint16
 	CtxPrev           uint16
 	ObType            uint16
-	Pad               [2]uint16
+	TstateContextVer  uint16
+	Flags             uint16
+}
+
+type pytestGtPyScratch struct {
+	_    structs.HostLayout
+	Wk   pytestGtPyWbufKey
+	Sp   pytestGtPySpawner
+	Ctx  uint64
+	Root uint64
+	Tv   pytestGtPyThread
 }
 
 type pytestGtPySpawner struct {
@@ -182,15 +198,36 @@ const (
 	pytestGtPyStatusGT_PY_LINKED      pytestGtPyStatus = 7
 	pytestGtPyStatusGT_PY_ROOTED      pytestGtPyStatus = 8
 	pytestGtPyStatusGT_PY_SPAWNERS    pytestGtPyStatus = 9
-	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 10
+	pytestGtPyStatusGT_PY_ROOTED_READ pytestGtPyStatus = 10
+	pytestGtPyStatusGT_PY_UV_WRITES   pytestGtPyStatus = 11
+	pytestGtPyStatusGT_PY_UV_TAKEN    pytestGtPyStatus = 12
+	pytestGtPyStatusGT_PY_UV_SKIPPED  pytestGtPyStatus = 13
+	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 14
 )
 
 type pytestGtPyThread struct {
-	_       structs.HostLayout
-	Tstate  uint64
-	RetryNs uint64
-	Tgid    uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Tstate   uint64
+	RetryNs  uint64
+	Tgid     uint32
+	PendFd   int32
+	PendVer  uint64
+	PendCtx  uint64
+	PendConn uint64
+}
+
+type pytestGtPyWbuf struct {
+	_    structs.HostLayout
+	Ctx  uint64
+	Root uint64
+	Ns   uint64
+}
+
+type pytestGtPyWbufKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Pad  uint32
+	Addr uint64
 }
 
 type pytestGtRouteKey struct {
@@ -281,9 +318,11 @@ const (
 	pytestMapGtProf            = "gt_prof"
 	pytestMapGtPyLinks         = "gt_py_links"
 	pytestMapGtPyProcs         = "gt_py_procs"
+	pytestMapGtPyScratch       = "gt_py_scratch"
 	pytestMapGtPySpawners      = "gt_py_spawners"
 	pytestMapGtPyStats         = "gt_py_stats"
 	pytestMapGtPyThreads       = "gt_py_threads"
+	pytestMapGtPyWbufs         = "gt_py_wbufs"
 	pytestMapGtRoutes          = "gt_routes"
 	pytestMapGtScratch         = "gt_scratch"
 	pytestMapGtStats           = "gt_stats"
@@ -372,9 +411,11 @@ type pytestMapSpecs struct {
 	GtProf         *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks      *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs      *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPyScratch    *ebpf.MapSpec `ebpf:"gt_py_scratch"`
 	GtPySpawners   *ebpf.MapSpec `ebpf:"gt_py_spawners"`
 	GtPyStats      *ebpf.MapSpec `ebpf:"gt_py_stats"`
 	GtPyThreads    *ebpf.MapSpec `ebpf:"gt_py_threads"`
+	GtPyWbufs      *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
 	GtRoutes       *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtScratch      *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStats        *ebpf.MapSpec `ebpf:"gt_stats"`
@@ -427,9 +468,11 @@ type pytestMaps struct {
 	GtProf         *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks      *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs      *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPyScratch    *ebpf.Map `ebpf:"gt_py_scratch"`
 	GtPySpawners   *ebpf.Map `ebpf:"gt_py_spawners"`
 	GtPyStats      *ebpf.Map `ebpf:"gt_py_stats"`
 	GtPyThreads    *ebpf.Map `ebpf:"gt_py_threads"`
+	GtPyWbufs      *ebpf.Map `ebpf:"gt_py_wbufs"`
 	GtRoutes       *ebpf.Map `ebpf:"gt_routes"`
 	GtScratch      *ebpf.Map `ebpf:"gt_scratch"`
 	GtStats        *ebpf.Map `ebpf:"gt_stats"`
@@ -448,9 +491,11 @@ func (m *pytestMaps) Close() error {
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
+		m.GtPyScratch,
 		m.GtPySpawners,
 		m.GtPyStats,
 		m.GtPyThreads,
+		m.GtPyWbufs,
 		m.GtRoutes,
 		m.GtScratch,
 		m.GtStats,

@@ -61,6 +61,7 @@ type tlstestGtConn struct {
 		Pad    uint16
 	}
 	LastRespCtx uint64
+	MsgUbuf     uint64
 	PartialLen  uint8
 	PartialDir  uint8
 	Partial     [14]uint8
@@ -181,6 +182,11 @@ type tlstestGtPyParams struct {
 	ContextType       uint64
 	PidnsDev          uint64
 	PidnsIno          uint64
+	BytesType         uint64
+	BytearrayType     uint64
+	MemoryviewType    uint64
+	ListType          uint64
+	TupleType         uint64
 	Version           uint32
 	RuntimeInterpHead uint16
 	InterpNext        uint16
@@ -190,7 +196,17 @@ type tlstestGtPyParams struct {
 	TstateContext     uint16
 	CtxPrev           uint16
 	ObType            uint16
-	Pad               [2]uint16
+	TstateContextVer  uint16
+	Flags             uint16
+}
+
+type tlstestGtPyScratch struct {
+	_    structs.HostLayout
+	Wk   tlstestGtPyWbufKey
+	Sp   tlstestGtPySpawner
+	Ctx  uint64
+	Root uint64
+	Tv   tlstestGtPyThread
 }
 
 type tlstestGtPySpawner struct {
@@ -202,11 +218,28 @@ type tlstestGtPySpawner struct {
 }
 
 type tlstestGtPyThread struct {
-	_       structs.HostLayout
-	Tstate  uint64
-	RetryNs uint64
-	Tgid    uint32
-	Pad     uint32
+	_        structs.HostLayout
+	Tstate   uint64
+	RetryNs  uint64
+	Tgid     uint32
+	PendFd   int32
+	PendVer  uint64
+	PendCtx  uint64
+	PendConn uint64
+}
+
+type tlstestGtPyWbuf struct {
+	_    structs.HostLayout
+	Ctx  uint64
+	Root uint64
+	Ns   uint64
+}
+
+type tlstestGtPyWbufKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Pad  uint32
+	Addr uint64
 }
 
 type tlstestGtRouteKey struct {
@@ -317,6 +350,28 @@ type tlstestGtTlsPending struct {
 	Pad  uint32
 }
 
+type tlstestGtTlsRetScratch struct {
+	_  structs.HostLayout
+	Io struct {
+		_              structs.HostLayout
+		Now            uint64
+		Tgid           uint32
+		Tid            uint32
+		Fd             int32
+		Dir            uint8
+		Role           uint8
+		HdrFirst       uint8
+		_              [1]byte
+		CfgFlags       uint32
+		CfgGen         uint32
+		Mask           uint64
+		ServerPossible uint64
+		ClientPossible uint64
+		ScanGen        uint64
+	}
+	Call tlstestGtTlsCall
+}
+
 type tlstestHttpEvent struct {
 	_         structs.HostLayout
 	Kind      uint8
@@ -373,9 +428,11 @@ const (
 	tlstestMapGtProf              = "gt_prof"
 	tlstestMapGtPyLinks           = "gt_py_links"
 	tlstestMapGtPyProcs           = "gt_py_procs"
+	tlstestMapGtPyScratch         = "gt_py_scratch"
 	tlstestMapGtPySpawners        = "gt_py_spawners"
 	tlstestMapGtPyStats           = "gt_py_stats"
 	tlstestMapGtPyThreads         = "gt_py_threads"
+	tlstestMapGtPyWbufs           = "gt_py_wbufs"
 	tlstestMapGtRoutes            = "gt_routes"
 	tlstestMapGtScratch           = "gt_scratch"
 	tlstestMapGtStats             = "gt_stats"
@@ -383,6 +440,7 @@ const (
 	tlstestMapGtTargets           = "gt_targets"
 	tlstestMapGtTlsCalls          = "gt_tls_calls"
 	tlstestMapGtTlsConns          = "gt_tls_conns"
+	tlstestMapGtTlsIo             = "gt_tls_io"
 	tlstestMapGtTlsPending        = "gt_tls_pending"
 	tlstestProgGtEnterClose       = "gt_enter_close"
 	tlstestProgGtExitRead         = "gt_exit_read"
@@ -476,9 +534,11 @@ type tlstestMapSpecs struct {
 	GtProf       *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPyScratch  *ebpf.MapSpec `ebpf:"gt_py_scratch"`
 	GtPySpawners *ebpf.MapSpec `ebpf:"gt_py_spawners"`
 	GtPyStats    *ebpf.MapSpec `ebpf:"gt_py_stats"`
 	GtPyThreads  *ebpf.MapSpec `ebpf:"gt_py_threads"`
+	GtPyWbufs    *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
 	GtRoutes     *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtScratch    *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStats      *ebpf.MapSpec `ebpf:"gt_stats"`
@@ -486,6 +546,7 @@ type tlstestMapSpecs struct {
 	GtTargets    *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsCalls   *ebpf.MapSpec `ebpf:"gt_tls_calls"`
 	GtTlsConns   *ebpf.MapSpec `ebpf:"gt_tls_conns"`
+	GtTlsIo      *ebpf.MapSpec `ebpf:"gt_tls_io"`
 	GtTlsPending *ebpf.MapSpec `ebpf:"gt_tls_pending"`
 }
 
@@ -531,9 +592,11 @@ type tlstestMaps struct {
 	GtProf       *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPyScratch  *ebpf.Map `ebpf:"gt_py_scratch"`
 	GtPySpawners *ebpf.Map `ebpf:"gt_py_spawners"`
 	GtPyStats    *ebpf.Map `ebpf:"gt_py_stats"`
 	GtPyThreads  *ebpf.Map `ebpf:"gt_py_threads"`
+	GtPyWbufs    *ebpf.Map `ebpf:"gt_py_wbufs"`
 	GtRoutes     *ebpf.Map `ebpf:"gt_routes"`
 	GtScratch    *ebpf.Map `ebpf:"gt_scratch"`
 	GtStats      *ebpf.Map `ebpf:"gt_stats"`
@@ -541,6 +604,7 @@ type tlstestMaps struct {
 	GtTargets    *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsCalls   *ebpf.Map `ebpf:"gt_tls_calls"`
 	GtTlsConns   *ebpf.Map `ebpf:"gt_tls_conns"`
+	GtTlsIo      *ebpf.Map `ebpf:"gt_tls_io"`
 	GtTlsPending *ebpf.Map `ebpf:"gt_tls_pending"`
 }
 
@@ -552,9 +616,11 @@ func (m *tlstestMaps) Close() error {
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
+		m.GtPyScratch,
 		m.GtPySpawners,
 		m.GtPyStats,
 		m.GtPyThreads,
+		m.GtPyWbufs,
 		m.GtRoutes,
 		m.GtScratch,
 		m.GtStats,
@@ -562,6 +628,7 @@ func (m *tlstestMaps) Close() error {
 		m.GtTargets,
 		m.GtTlsCalls,
 		m.GtTlsConns,
+		m.GtTlsIo,
 		m.GtTlsPending,
 	)
 }
