@@ -307,20 +307,31 @@ static __always_inline void gt_route_key_from(struct gt_route_key *k, const stru
 	k->_pad = 0;
 }
 
-#define GT_ROLLOUT_WINDOWS 4 // 4 x 4 KiB of each body buffer are scanned
+// Windows of each body buffer that are scanned: the first two and, in a
+// buffer longer than four, the last two. Gym rows can put the _ng_* keys
+// after a whole conversation, so the body's last buffer ends with them.
+#define GT_ROLLOUT_WINDOWS 4
 
-// Parses a JSON integer value at s[at] into *out (map memory).
+// Parses a JSON integer value at s[at] into *out (map memory). A value that
+// runs to the end of the buffer may go on in the next syscall's: it is not
+// taken (-1, not found), never a wrong number.
 static __always_inline void gt_json_int(const __u8 *s, __u32 at, __u32 n, __s32 *out)
 {
-	int j;
-	*out = 0;
+	int j, digits = 0, ended = 0;
+	__s32 v = 0;
 	gt_for(j, 0, 10)
 	{
 		__u8 c = s[(at + j) & GT_SCRATCH_MASK];
-		if (at + j >= n || c < '0' || c > '9')
+		if (at + j >= n)
 			break;
-		*out = *out * 10 + (c - '0');
+		if (c < '0' || c > '9') {
+			ended = 1;
+			break;
+		}
+		v = v * 10 + (c - '0');
+		digits++;
 	}
+	*out = (digits && ended) ? v : -1;
 }
 
 // Scans one body buffer of a /run request for Gym's rollout keys
@@ -335,7 +346,10 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 	gt_for(w, 0, GT_ROLLOUT_WINDOWS)
 	{
 		// Windows overlap by 64 bytes so a key on a boundary is seen whole.
-		__u32 off = w * (GT_SCRATCH - 64);
+		__u32 step = GT_SCRATCH - 64;
+		__u32 off = w * step;
+		if (len > GT_ROLLOUT_WINDOWS * step + 64 && w >= GT_ROLLOUT_WINDOWS / 2)
+			off = len - (GT_ROLLOUT_WINDOWS - w) * step - 64; // the buffer's tail
 		if (off >= len)
 			break;
 		__u32 n = len - off;
@@ -348,7 +362,9 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 		gt_for(i, 0, (int)n)
 		{
 			const __u8 *s = sc->buf;
-			if (s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
+			// The longest key must lie inside this read: past n the
+			// scratch holds older bytes.
+			if (i + 24 > n || s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
 				continue;
 			__u32 k = i + 5, v;
 			if (GT_KEY_IS(s, k, "task_index\"")) {
@@ -364,15 +380,23 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 				v = gt_json_value(s, k + 11, n);
 				if (s[v & GT_SCRATCH_MASK] != '"')
 					continue;
-				int j;
+				int j, closed = 0;
 				ev->rollout.id_len = 0;
 				gt_for(j, 0, GT_ROLLOUT_ID_MAX)
 				{
 					__u8 c = s[(v + 1 + j) & GT_SCRATCH_MASK];
-					if (v + 1 + j >= n || c == '"' || c == '\\')
+					if (v + 1 + j >= n || c == '\\')
 						break;
+					if (c == '"') {
+						closed = 1;
+						break;
+					}
 					ev->rollout.id[j & (GT_ROLLOUT_ID_MAX - 1)] = c;
 					ev->rollout.id_len = j + 1;
+				}
+				if (!closed) {
+					ev->rollout.id_len = 0; // cut by the read, or escaped: not found
+					continue;
 				}
 			} else {
 				continue;

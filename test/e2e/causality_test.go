@@ -30,20 +30,93 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The Debian 13 root made by test/python/make-trixie-root.sh (scripts/setup).
+// What the stack imports, beyond the standard library.
+const stackImports = "fastapi, uvicorn, aiohttp, yaml, itsdangerous, httptools, uvloop"
+
+// chrootPy is a Debian root made by test/python/make-root.sh (scripts/setup
+// makes both): its Python runs the stack under chroot.
+type chrootPy struct {
+	suite, version string // "trixie", "3.13"
+	root, python   string
+	once           sync.Once
+	dir            string // test/stack inside the root, as the chroot sees it
+	err            error
+}
+
+var (
+	trixie = &chrootPy{suite: "trixie", version: "3.13", root: "/var/tmp/gymtrace-trixie", python: "/usr/bin/python3.13"}
+	sid    = &chrootPy{suite: "sid", version: "3.14", root: "/var/tmp/gymtrace-sid", python: "/usr/bin/python3.14"}
+)
+
+// Kept for the other tests that run the trixie root.
 const (
 	trixieRoot   = "/var/tmp/gymtrace-trixie"
 	trixiePython = "/usr/bin/python3.13"
 )
 
-// What the stack imports, beyond the standard library.
-const stackImports = "fastapi, uvicorn, aiohttp, yaml, itsdangerous, httptools, uvloop"
+// missing says why the root cannot run the stack, "" when it can.
+func (r *chrootPy) missing() string {
+	if _, err := os.Stat(filepath.Join(r.root, r.python)); err != nil {
+		return fmt.Sprintf("no Debian %s root with %s at %s (%v): run test/python/make-root.sh %s as root (scripts/setup does)",
+			r.suite, filepath.Base(r.python), r.root, err, r.suite)
+	}
+	out, err := exec.Command("chroot", r.root, r.python, "-c", "import "+stackImports).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("the Debian %s root at %s cannot run the test stack (needs %s): %v: %s; "+
+			"rebuild it: rm -rf %s && test/python/make-root.sh %s",
+			r.suite, r.root, stackImports, err, lastLine(out), r.root, r.suite)
+	}
+	return ""
+}
+
+func trixieMissing() string { return trixie.missing() }
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// stackDir copies test/stack into the root once per test binary: the
+// chrooted interpreter cannot see the repository.
+func (r *chrootPy) stackDir() (string, error) {
+	r.once.Do(func() {
+		host, err := os.MkdirTemp(filepath.Join(r.root, "opt"), "gymstack-")
+		if err != nil {
+			r.err = fmt.Errorf("making a stack directory in the Debian %s root: %w", r.suite, err)
+			return
+		}
+		sharedOwner{}.Cleanup(func() { os.RemoveAll(host) })
+		if err := copyTree(filepath.Join(repoRoot, "test", "stack"), host); err != nil {
+			r.err = fmt.Errorf("copying test/stack into %s: %w", host, err)
+			return
+		}
+		r.dir = "/" + strings.TrimPrefix(host, r.root+"/")
+	})
+	return r.dir, r.err
+}
+
+func trixieStackDir() (string, error) { return trixie.stackDir() }
+
+// truthDir is a directory the chrooted servers can write and the test can
+// read: the same directory under two names.
+func (r *chrootPy) truthDir(t *testing.T) (host, inside string) {
+	t.Helper()
+	host, err := os.MkdirTemp(filepath.Join(r.root, "tmp"), "gymtrace-causality-")
+	if err != nil {
+		t.Fatalf("making a truth directory in the Debian %s root: %v", r.suite, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(host) })
+	return host, "/" + strings.TrimPrefix(host, r.root+"/")
+}
+
+func trixieTruthDir(t *testing.T) (host, inside string) { return trixie.truthDir(t) }
 
 // causalityInterp is one interpreter the stack runs on.
 type causalityInterp struct {
 	name      string
 	truthDir  func(t *testing.T) (host, inside string) // where the servers write truth, as the test and they see it
 	skipCheck func() string                            // why it cannot run here, "" when it can
+	root      *chrootPy                                // nil: the host's /usr/bin/python3
 }
 
 var causalityInterps = []causalityInterp{
@@ -55,70 +128,8 @@ var causalityInterps = []causalityInterp{
 		},
 		skipCheck: func() string { return "" },
 	},
-	{
-		name:      "3.13",
-		truthDir:  trixieTruthDir,
-		skipCheck: trixieMissing,
-	},
-}
-
-// trixieMissing says why the 3.13 root cannot run the stack.
-func trixieMissing() string {
-	if _, err := os.Stat(filepath.Join(trixieRoot, trixiePython)); err != nil {
-		return fmt.Sprintf("no Debian 13 root with python3.13 at %s (%v): run test/python/make-trixie-root.sh as root (scripts/setup does)",
-			trixieRoot, err)
-	}
-	out, err := exec.Command("chroot", trixieRoot, trixiePython, "-c", "import "+stackImports).CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("the Debian 13 root at %s cannot run the test stack (needs %s): %v: %s; "+
-			"add the missing packages (python3-yaml and python3-itsdangerous are not in make-trixie-root.sh's list): "+
-			"chroot %s apt-get install -y python3-yaml python3-itsdangerous",
-			trixieRoot, stackImports, err, lastLine(out), trixieRoot)
-	}
-	return ""
-}
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
-}
-
-var trixieStackOnce struct {
-	sync.Once
-	dir string // as the chroot sees it
-	err error
-}
-
-// trixieStackDir copies test/stack into the root once per test binary: the
-// chrooted interpreter cannot see the repository.
-func trixieStackDir() (string, error) {
-	o := &trixieStackOnce
-	o.Do(func() {
-		host, err := os.MkdirTemp(filepath.Join(trixieRoot, "opt"), "gymstack-")
-		if err != nil {
-			o.err = fmt.Errorf("making a stack directory in the Debian 13 root: %w", err)
-			return
-		}
-		sharedOwner{}.Cleanup(func() { os.RemoveAll(host) })
-		if err := copyTree(filepath.Join(repoRoot, "test", "stack"), host); err != nil {
-			o.err = fmt.Errorf("copying test/stack into %s: %w", host, err)
-			return
-		}
-		o.dir = "/" + strings.TrimPrefix(host, trixieRoot+"/")
-	})
-	return o.dir, o.err
-}
-
-// trixieTruthDir is a directory the chrooted servers can write and the test
-// can read: the same directory under two names.
-func trixieTruthDir(t *testing.T) (host, inside string) {
-	t.Helper()
-	host, err := os.MkdirTemp(filepath.Join(trixieRoot, "tmp"), "gymtrace-causality-")
-	if err != nil {
-		t.Fatalf("making a truth directory in the Debian 13 root: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(host) })
-	return host, "/" + strings.TrimPrefix(host, trixieRoot+"/")
+	{name: "3.13", truthDir: trixie.truthDir, skipCheck: trixie.missing, root: trixie},
+	{name: "3.14", truthDir: sid.truthDir, skipCheck: sid.missing, root: sid},
 }
 
 func copyTree(src, dst string) error {
@@ -165,7 +176,16 @@ func copyTree(src, dst string) error {
 type causalityStack struct {
 	http, loop, middleware string
 	fakebin                bool // fake sandbox CLIs first on the servers' PATH
+	reset                  bool // uvicorn --reset-contextvars (a fresh Context() per request; uvicorn >= 0.45: 3.14's)
 	cases                  []causalityCase
+}
+
+func (sc causalityStack) name() string {
+	n := fmt.Sprintf("%s_%s_mw-%s", sc.http, sc.loop, sc.middleware)
+	if sc.reset {
+		n += "_reset-contextvars"
+	}
+	return n
 }
 
 type causalityCase struct {
@@ -200,10 +220,28 @@ var causalityStacks = []causalityStack{
 	{http: "h11", loop: "asyncio", middleware: "all", fakebin: true, cases: []causalityCase{
 		{groups: "all", c: 64, n: 64, collector: []string{"--sandbox", "docker", "--stream", "--prefix", "mixed", "--model-route", "mixed"}},
 	}},
+	// Gym's runtime: uvloop (0.17 on 3.11, 0.21 on 3.13, 0.23 on 3.14).
 	{http: "httptools", loop: "uvloop", middleware: "responses", cases: []causalityCase{
-		{groups: "per_rollout", c: 1, n: 8, measureOnly: true},
-		{groups: "per_rollout", c: 16, n: 32, measureOnly: true},
-		{groups: "per_rollout", c: 64, n: 64, measureOnly: true},
+		{groups: "per_rollout", c: 1, n: 8},
+		{groups: "per_rollout", c: 16, n: 32},
+		{groups: "per_rollout", c: 64, n: 64},
+		{groups: "per_rollout", c: 256, n: 256, long: true},
+		// Whole conversations: 80-200 KiB bodies both ways, _ng_* keys last.
+		{groups: "per_rollout", c: 16, n: 32, collector: []string{"--large-bodies"}},
+	}},
+	{http: "h11", loop: "uvloop", middleware: "all", cases: []causalityCase{
+		{groups: "per_rollout", c: 16, n: 32},
+		{groups: "default", c: 64, n: 64, collector: []string{"--large-bodies"}},
+	}},
+	{http: "httptools", loop: "asyncio", middleware: "responses", cases: []causalityCase{
+		{groups: "per_rollout", c: 16, n: 32, collector: []string{"--large-bodies"}},
+	}},
+	// uvicorn's opt-in fresh Context() per request (CPython #140947).
+	{http: "httptools", loop: "uvloop", middleware: "responses", reset: true, cases: []causalityCase{
+		{groups: "per_rollout", c: 16, n: 32},
+	}},
+	{http: "h11", loop: "asyncio", middleware: "responses", reset: true, cases: []causalityCase{
+		{groups: "per_rollout", c: 16, n: 32, collector: []string{"--large-bodies"}},
 	}},
 }
 
@@ -229,29 +267,34 @@ func TestCausality(t *testing.T) {
 			// Compiled fake sandbox CLIs (lifecycle_test.go): the kernel reads
 			// the verb from argv, which a #! script's exec rewrites.
 			fakes := func(t *testing.T) []string { return []string{"--path-prepend", lcFakeDir(t)} }
-			if py.name == "3.13" {
-				dir, err := trixieStackDir()
+			if r := py.root; r != nil {
+				dir, err := r.stackDir()
 				if err != nil {
 					t.Fatal(err)
 				}
-				launch = []string{"--python", "chroot " + trixieRoot + " " + trixiePython, "--stack-dir", dir}
+				launch = []string{"--python", "chroot " + r.root + " " + r.python, "--stack-dir", dir}
 				fakes = func(t *testing.T) []string {
 					inside := dir + "/gofakes"
-					if err := copyTree(lcFakeDir(t), filepath.Join(trixieRoot, inside)); err != nil {
-						t.Fatalf("copying the fake sandbox CLIs into the Debian 13 root: %v", err)
+					if err := copyTree(lcFakeDir(t), filepath.Join(r.root, inside)); err != nil {
+						t.Fatalf("copying the fake sandbox CLIs into the Debian %s root: %v", r.suite, err)
 					}
 					return []string{"--path-prepend", inside}
 				}
 			}
 			for _, sc := range causalityStacks {
-				name := fmt.Sprintf("%s_%s_mw-%s", sc.http, sc.loop, sc.middleware)
-				t.Run(name, func(t *testing.T) {
+				t.Run(sc.name(), func(t *testing.T) {
+					if sc.reset && py.root != sid {
+						t.Skip("--reset-contextvars needs uvicorn >= 0.45: only the sid root (3.14) has it")
+					}
 					host, inside := py.truthDir(t)
 					truthHost := filepath.Join(host, "truth.jsonl")
 					args := append(append([]string{}, launch...), "--http", sc.http, "--loop", sc.loop,
 						"--base-middleware", sc.middleware, "--truth", filepath.Join(inside, "truth.jsonl"))
 					if sc.fakebin {
 						args = append(args, fakes(t)...)
+					}
+					if sc.reset {
+						args = append(args, "--reset-contextvars")
 					}
 					st := startStack(t, t, args...)
 					for _, c := range sc.cases {

@@ -173,6 +173,8 @@ def build_app(cfg, truth, client, base_middleware):
             await asyncio.sleep(0.001)
             route = list(MODEL_ROUTES)[k % 3] if route_knob == "cycle" else route_knob
             metadata = {"gt_fail": knobs["fail"]} if knobs.get("fail") and k == 0 else None
+            if knobs.get("body_kib"):
+                metadata = dict(metadata or {}, gt_pad_kib=int(knobs["body_kib"]))
             m = await client.post(model_url + prefix + MODEL_ROUTES[route], cause=cause, rollout_id=rollout_id, cookies=cookies,
                                   json_body=model_body(route, messages, knobs.get("stream"), metadata),
                                   stream=bool(knobs.get("stream")))
@@ -189,7 +191,10 @@ def build_app(cfg, truth, client, base_middleware):
                                                  "cmd": f"exit {int(knobs.get('sandbox_rc', 0))}"})
                 expect_ok(r, "resources /run_sandbox")
                 calls[-1]["sandbox_rc"] = r.body.get("return_code")
-        return {"object": "response", "status": "completed", "turns": calls}
+        out = {"object": "response", "status": "completed", "turns": calls}
+        if knobs.get("body_kib"):
+            out["output_text"] = "z" * (int(knobs["body_kib"]) * 1024)
+        return out
 
     @app.post("/v1/responses")
     async def v1_responses(request: Request):

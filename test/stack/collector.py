@@ -21,16 +21,25 @@ ROUTES = ["responses", "chat_completions", "messages"]
 def build_rows(a):
     rows = []
     for i in range(a.rollouts):
-        row = {
-            "_ng_task_index": i // a.repeats,
-            "_ng_rollout_index": i % a.repeats,
-            "responses_create_params": {"input": [{"role": "user", "content": f"What is the weather? (task {i // a.repeats})"}]},
-        }
+        content = f"What is the weather? (task {i // a.repeats})"
+        kib = 0
+        if a.large_bodies:
+            # A whole conversation, as Gym's model calls carry: 80 to 200 KiB,
+            # different per row.
+            kib = 80 + (i * 37) % 121
+            content += " " + ("lorem ipsum " * (kib * 1024 // 12 + 1))[:kib * 1024]
+        ids = {"_ng_task_index": i // a.repeats, "_ng_rollout_index": i % a.repeats}
         if a.attempt_index is not None:
-            row["_ng_attempt_index"] = a.attempt_index
+            ids["_ng_attempt_index"] = a.attempt_index
         if a.explicit_ids:
-            row["_ng_rollout_id"] = f"r{i:05d}"
+            ids["_ng_rollout_id"] = f"r{i:05d}"
+        # With large bodies the _ng_* keys go last, after the large content
+        # (json keeps insertion order), as in a Gym row whose fields come first.
+        row = {} if a.large_bodies else dict(ids)
+        row["responses_create_params"] = {"input": [{"role": "user", "content": content}]}
         knobs = {"turns": a.turns}
+        if kib:
+            knobs["body_kib"] = kib
         knobs["model_route"] = ROUTES[i % 3] if a.model_route == "mixed" else a.model_route
         if a.stream:
             knobs["stream"] = True
@@ -44,6 +53,8 @@ def build_rows(a):
         if a.fail_every and (i + 1) % a.fail_every == 0:
             knobs["fail"] = 500
         row["gt"] = knobs
+        if a.large_bodies:
+            row.update(ids)
         rows.append(row)
     return rows
 
@@ -109,6 +120,8 @@ def main():
     p.add_argument("--model-route", choices=ROUTES + ["mixed", "cycle"], default="responses",
                    help="model route; mixed = by rollout, cycle = by turn")
     p.add_argument("--stream", action="store_true", help="model answers as SSE streams")
+    p.add_argument("--large-bodies", action="store_true",
+                   help="80-200 KiB conversations in /run, agent and model bodies both ways; _ng_* keys last")
     p.add_argument("--prefix", choices=["none", "all", "mixed"], default="none",
                    help="call /ng-rollout/<id>/... paths (mixed = odd rollouts)")
     p.add_argument("--sandbox", choices=["docker", "apptainer", "enroot"],

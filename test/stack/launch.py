@@ -73,6 +73,8 @@ def parse_args(argv):
     p.add_argument("--ports", help="AGENT,MODEL,RESOURCES ports (default: free ports)")
     p.add_argument("--http", choices=["h11", "httptools"], default="h11", help="uvicorn HTTP implementation")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop of servers and collector")
+    p.add_argument("--reset-contextvars", action="store_true",
+                   help="uvicorn starts each request in a fresh contextvars.Context() (uvicorn >= 0.45)")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="interpreter command for the servers (shell-split, e.g. 'chroot /srv/trixie /usr/bin/python3')")
     p.add_argument("--stack-dir", default=HERE, help="this directory as the interpreter sees it (for chroots)")
@@ -114,7 +116,7 @@ def gym_config(a, ports):
 
 
 def server_flags(a, kind):
-    flags = ["--http", a.http, "--loop", a.loop]
+    flags = ["--http", a.http, "--loop", a.loop] + (["--reset-contextvars"] if a.reset_contextvars else [])
     if a.truth:
         flags += ["--truth", a.truth]
     if kind == "model":

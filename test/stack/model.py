@@ -104,6 +104,9 @@ def build_app(cfg, truth, client, latency_s, chunks, chunk_gap_s):
         if fail:
             return JSONResponse({"error": {"message": "injected failure", "type": "server_error"}}, status_code=int(fail))
         payload = build(body)
+        pad = int((body.get("metadata") or {}).get("gt_pad_kib", 0))
+        if pad:
+            payload["gt_pad"] = "y" * (pad * 1024)  # a long answer: the response is large too
         if body.get("stream"):
             n = int((body.get("metadata") or {}).get("gt_stream_chunks", chunks))
             return StreamingResponse(stream_events(kind, payload, n, chunk_gap_s), media_type="text/event-stream",

@@ -152,6 +152,8 @@ def server_arg_parser(kind):
     p.add_argument("--peers", help="without Gym config: model=HOST:PORT,resources=HOST:PORT")
     p.add_argument("--http", choices=["h11", "httptools"], default="h11", help="uvicorn HTTP implementation")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop")
+    p.add_argument("--reset-contextvars", action="store_true",
+                   help="uvicorn's reset_contextvars: each request in a fresh contextvars.Context() (uvicorn >= 0.45)")
     p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"),
                    help="append ground-truth JSON lines here (default: $GYMTRACE_TEST_TRUTH)")
     return p
@@ -463,9 +465,15 @@ def install_lifecycle(app, cfg, truth, client, args):
 def serve(app, cfg, args):
     import uvicorn
 
+    extra = {}
+    if getattr(args, "reset_contextvars", False):
+        import inspect
+        if "reset_contextvars" not in inspect.signature(uvicorn.Config).parameters:
+            sys.exit(f"--reset-contextvars: uvicorn {uvicorn.__version__} has no reset_contextvars (0.45 and later do)")
+        extra["reset_contextvars"] = True
     config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, http=args.http, loop=args.loop,
-        timeout_keep_alive=30, log_level="warning", access_log=False, lifespan="on",
+        timeout_keep_alive=30, log_level="warning", access_log=False, lifespan="on", **extra,
     )
     print(f"{cfg.type} {cfg.name} starting on http://{host_for_url(cfg.host)}:{cfg.port} "
           f"(pid {os.getpid()}, http={args.http}, loop={args.loop})", file=sys.stderr, flush=True)
