@@ -362,21 +362,21 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 		gt_for(i, 0, (int)n)
 		{
 			const __u8 *s = sc->buf;
-			// The longest key must lie inside this read: past n the
-			// scratch holds older bytes.
-			if (i + 24 > n || s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
+			// Keys must lie inside this read: past n the scratch holds
+			// older bytes. (Values are bounded by n where they are parsed.)
+			if (i + 5 > n || s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
 				continue;
 			__u32 k = i + 5, v;
-			if (GT_KEY_IS(s, k, "task_index\"")) {
+			if (k + 11 <= n && GT_KEY_IS(s, k, "task_index\"")) {
 				v = gt_json_value(s, k + 11, n);
 				gt_json_int(s, v, n, &ev->rollout.task);
-			} else if (GT_KEY_IS(s, k, "rollout_index\"")) {
+			} else if (k + 14 <= n && GT_KEY_IS(s, k, "rollout_index\"")) {
 				v = gt_json_value(s, k + 14, n);
 				gt_json_int(s, v, n, &ev->rollout.rollout);
-			} else if (GT_KEY_IS(s, k, "attempt_index\"")) {
+			} else if (k + 14 <= n && GT_KEY_IS(s, k, "attempt_index\"")) {
 				v = gt_json_value(s, k + 14, n);
 				gt_json_int(s, v, n, &ev->rollout.attempt);
-			} else if (GT_KEY_IS(s, k, "rollout_id\"")) {
+			} else if (k + 11 <= n && GT_KEY_IS(s, k, "rollout_id\"")) {
 				v = gt_json_value(s, k + 11, n);
 				if (s[v & GT_SCRATCH_MASK] != '"')
 					continue;

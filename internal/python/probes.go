@@ -2,10 +2,12 @@ package python
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -57,7 +59,58 @@ func (in *Interpreter) AttachProbes(copyRet *ebpf.Program) (io.Closer, error) {
 		return nil, fmt.Errorf("attaching a return probe to %s in %s of process %d: %w",
 			ProbeSymbol, in.MappedPath, in.PID, err)
 	}
-	return &Probes{links: []link.Link{l}}, nil
+	p := &Probes{links: []link.Link{l}}
+	// contextvars.Context() makes a fresh context without copying (uvicorn's
+	// --reset-contextvars starts every request in one). Unseen, it would
+	// reuse a recycled address and inherit a dead context's root. The same
+	// program on its constructor's return gives it a birth of its own.
+	if l, err := in.attachContextNew(ex, copyRet); err != nil {
+		slog.Warn("contexts made by contextvars.Context() are not seen: calls made in them may stay unattributed",
+			"component", "python", "pid", in.PID, "err", err)
+	} else {
+		p.links = append(p.links, l)
+	}
+	return p, nil
+}
+
+// offsetof(PyTypeObject, tp_new) on 64-bit builds, 3.11-3.14.
+const tpNewOffset = 312
+
+// attachContextNew puts copyRet on the return of PyContext_Type.tp_new
+// (context_tp_new, static, so not in .dynsym): its address is read from the
+// live type object.
+func (in *Interpreter) attachContextNew(ex *link.Executable, copyRet *ebpf.Program) (link.Link, error) {
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", in.PID))
+	if err != nil {
+		return nil, err
+	}
+	defer mem.Close()
+	var b [8]byte
+	if _, err := mem.ReadAt(b[:], int64(in.Params.ContextType+tpNewOffset)); err != nil {
+		return nil, fmt.Errorf("reading PyContext_Type.tp_new: %w", err)
+	}
+	addr := binary.LittleEndian.Uint64(b[:])
+	if addr < in.Bias {
+		return nil, fmt.Errorf("PyContext_Type.tp_new %#x is not in %s", addr, in.MappedPath)
+	}
+	f, err := elf.Open(in.ELFPath)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	vaddr := addr - in.Bias
+	off, cheap, err := entryOffset(f, vaddr)
+	if err != nil {
+		return nil, fmt.Errorf("PyContext_Type.tp_new %#x: %w", vaddr, err)
+	}
+	if !cheap {
+		return nil, fmt.Errorf("PyContext_Type.tp_new at %#x starts with an instruction the kernel single-steps", vaddr)
+	}
+	foff, err := FileOffset(in.ELFPath, vaddr)
+	if err != nil {
+		return nil, err
+	}
+	return ex.Uretprobe("context_tp_new", copyRet, &link.UprobeOptions{PID: in.PID, Address: foff, Offset: off})
 }
 
 // AttachProbes inspects pid and attaches the context-link probe; see
