@@ -172,6 +172,16 @@ type topology struct {
 	oneTracer        bool // one gymtrace for all four processes
 	inject           bool
 	untracedClient   bool // the collector is not traced: /run arrives without traceparent
+	// Gym's runtime: "uvloop" with "httptools"; "" is the default loop, h11.
+	loop, http string
+	n, c       int // rollouts and their concurrency; 0: rollouts and 4
+}
+
+func (top topology) rollouts() int {
+	if top.n == 0 {
+		return rollouts
+	}
+	return top.n
 }
 
 type result struct {
@@ -244,9 +254,16 @@ func runStack(t *testing.T, top topology) result {
 			p.stop(5 * time.Second)
 		}
 	}()
+	var loopArgs []string
+	if top.loop != "" {
+		loopArgs = append(loopArgs, "--loop", top.loop)
+	}
+	if top.http != "" {
+		loopArgs = append(loopArgs, "--http", top.http)
+	}
 	for _, s := range servers {
 		p := start(t, s.kind, []string{"NEMO_GYM_CONFIG_DICT=" + string(cfgJSON), "NEMO_GYM_CONFIG_PATH=" + s.name},
-			"ip", "netns", "exec", s.ns, python, filepath.Join(stack, s.entry))
+			append([]string{"ip", "netns", "exec", s.ns, python, filepath.Join(stack, s.entry)}, loopArgs...)...)
 		procs = append(procs, p)
 		res.pids[s.kind] = p.cmd.Process.Pid // ip netns exec execs the command: same pid
 		url := fmt.Sprintf("http://%s:%d/", s.ip, ports[s.kind])
@@ -264,7 +281,7 @@ func runStack(t *testing.T, top topology) result {
 	coll := start(t, "collector", nil, "ip", "netns", "exec", top.agentNS, "sh", "-c",
 		`kill -STOP $$; exec "$@"`, "sh", filepath.Join(stack, "bin", "ng_collect_rollouts"),
 		"--agent-url", fmt.Sprintf("http://%s:%d", top.agentIP, ports["agent"]),
-		"--rollouts", strconv.Itoa(rollouts), "--concurrency", "4")
+		"--rollouts", strconv.Itoa(top.rollouts()), "--concurrency", strconv.Itoa(max(top.c, 4)))
 	procs = append(procs, coll)
 	res.pids["collector"] = coll.cmd.Process.Pid
 	waitStopped(t, res.pids["collector"])
@@ -569,5 +586,29 @@ func TestTwoNodes(t *testing.T) {
 	}
 	if metric(two.metrics[0], "inject_injected") == 0 {
 		t.Errorf("the agent's gymtrace injected nothing")
+	}
+}
+
+// TestTwoNodesUVloop: the same two nodes on Gym's runtime (uvloop and
+// httptools on every server) at concurrency 64: the traceparent the agent's
+// gymtrace injects must name the right parent although uvloop flushes the
+// agent's writes outside the task that made them (bpf/python_uvloop.h), so
+// every rollout is one trace across both gymtraces.
+func TestTwoNodesUVloop(t *testing.T) {
+	needStack(t)
+	a, b := nodes(t)
+	const n = 64
+	r := runStack(t, topology{agentNS: a, modelNS: b, agentIP: "192.0.2.1", modelIP: "192.0.2.2", inject: true,
+		loop: "uvloop", http: "httptools", n: n, c: 64})
+	j := measure(r)
+	m := r.metrics[0]
+	t.Logf("two nodes, uvloop+httptools, c=64: %+v; agent's gymtrace: injected=%v miss=%v unattributed=%v",
+		j, metric(m, "inject_injected"), metric(m, "inject_miss"), metric(m, "inject_unattributed"))
+	if j.remoteServer != 7*n {
+		t.Errorf("%d model/resources SERVER spans, want %d", j.remoteServer, 7*n)
+	}
+	if j.joined != j.remoteServer || j.underRun != j.remoteServer || j.runs != n || j.complete != n {
+		t.Errorf("%d of %d remote SERVER spans joined (%d under their /run), %d of %d rollouts complete",
+			j.joined, j.remoteServer, j.underRun, j.complete, j.runs)
 	}
 }
