@@ -133,13 +133,21 @@ func FindUVloop(pid int) (*UVloopModule, error) {
 
 var versionRe = regexp.MustCompile(`__version__\s*=\s*['"]([^'"]+)['"]`)
 
+// uvloopVersion reads __version__ from the _version.py beside the module.
+// /proc/PID/maps shows paths as the reader's root sees them, so the mapped
+// path is tried as it is first, then inside the process's root (a path the
+// process saw before a pivot_root or in a container whose files are not
+// reachable from here otherwise).
 func uvloopVersion(root, modPath string) string {
-	b, err := os.ReadFile(filepath.Join(root, filepath.Dir(modPath), "_version.py"))
-	if err != nil {
-		return ""
-	}
-	if m := versionRe.FindSubmatch(b); m != nil {
-		return string(m[1])
+	rel := filepath.Join(filepath.Dir(modPath), "_version.py")
+	for _, p := range []string{rel, filepath.Join(root, rel)} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if m := versionRe.FindSubmatch(b); m != nil {
+			return string(m[1])
+		}
 	}
 	return ""
 }
@@ -217,8 +225,14 @@ func InspectUVloop(path string) (*UVloopModule, error) {
 		}
 		m.Sites = append(m.Sites, s)
 	}
-	if len(m.Sites) == 0 {
-		return nil, fmt.Errorf("%w: UVStream's method table has no write", ErrNoUVStream)
+	names := map[string]bool{}
+	for _, s := range m.Sites {
+		names[s.Name] = true
+	}
+	if !names["write"] || !names["writelines"] {
+		// uvloop > 0.22 makes write a cpdef, which is not in the table.
+		return nil, fmt.Errorf("%w: UVStream's method table lacks write or writelines (found %d of 2)",
+			ErrNoUVStream, len(names))
 	}
 	return m, nil
 }

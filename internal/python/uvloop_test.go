@@ -60,19 +60,16 @@ func TestInspectUVloop(t *testing.T) {
 		}
 		ran++
 		p := paths[0]
-		ver := uvloopVersion(c.root, "/"+filepath.Join(filepath.Dir(c.glob), "x"))
+		ver := uvloopVersion("/nonexistent", p) // maps shows the path as this process sees it
 		if got := deferredWrites(ver); got != c.deferred {
 			t.Errorf("%s: uvloop %q deferred = %v, want %v", p, ver, got, c.deferred)
 		}
 		m, err := InspectUVloop(p)
 		if !c.deferred {
-			// 0.23's UVStream.write is a cpdef: not in the method table.
-			if err == nil {
-				for _, s := range m.Sites {
-					t.Logf("%s: %s at %#x (+%d)", p, s.Name, s.Vaddr, s.Offset)
-				}
-			} else if !errors.Is(err, ErrNoUVStream) {
-				t.Errorf("%s: %v", p, err)
+			// 0.23's UVStream.write is a cpdef: not in the method table,
+			// and this build is not probed (it writes at once).
+			if !errors.Is(err, ErrNoUVStream) {
+				t.Errorf("%s: %v, %v; want ErrNoUVStream (write is a cpdef there)", p, m, err)
 			}
 			continue
 		}
