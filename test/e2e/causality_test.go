@@ -305,6 +305,12 @@ func TestCausality(t *testing.T) {
 							}
 							row := causalityRow{Python: py.name, HTTP: sc.http, Loop: sc.loop, Middleware: sc.middleware,
 								Groups: c.groups, Concurrency: c.c, Rollouts: c.n}
+							if sc.reset {
+								row.HTTP += " --reset-contextvars"
+							}
+							if len(c.collector) > 0 {
+								row.Groups += " " + strings.Join(c.collector, " ")
+							}
 							row.Score, row.Elapsed = runCausalityCase(t, st, truthHost, c)
 							rows = append(rows, row)
 						})

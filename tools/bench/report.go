@@ -152,7 +152,8 @@ type TargetRow struct {
 // costs about 18 us. bpf_stats does not see it.
 const uprobeTrapNs = 1100
 
-var throughputTargets = map[string]float64{"groups off": 0.995, "default": 0.98, "per_rollout": 0.98, "all": 0.97}
+var throughputTargets = map[string]float64{"groups off": 0.995, "default": 0.98, "per_rollout": 0.98, "all": 0.97,
+	"default, Gym runtime": 0.98, "per_rollout, Gym runtime": 0.98}
 
 // verdict compares an interval with a lower bound (higher is better) or an
 // upper bound: "ok" or "MISS" by the mean, with "?" when the 95 % interval
@@ -196,12 +197,12 @@ func (rep *Report) analyseWorkload() {
 		}
 		byRound[r.Config][r.Round] = r
 	}
-	base := byRound["untraced"]
 	for _, cfg := range workloadConfigs {
 		rounds := byRound[cfg.Name]
 		if rounds == nil {
 			continue
 		}
+		base := byRound[baseOf(cfg)]
 		row := WorkloadRow{Config: cfg.Name, Target: throughputTargets[cfg.Name]}
 		var thr, p50, p99, scpu, ebpf, rps, p50ms, p99ms []float64
 		var rollouts, requests, hits, spans, ringBytes, records, tracerCPU, stackBase, failed, hwm, hostRT float64
@@ -516,9 +517,13 @@ func (rep *Report) complete(phases map[string]bool) error {
 	if phases["workload"] {
 		have := map[string]bool{}
 		for _, w := range rep.Workload {
-			have[w.Config] = w.Rounds > 0 && (w.Config == "untraced" || w.Throughput.Valid())
+			have[w.Config] = w.Rounds > 0 && (strings.HasPrefix(w.Config, "untraced") || w.Throughput.Valid())
 		}
+		gymOK := gymRuntimeMissing() == ""
 		for _, c := range workloadConfigs {
+			if c.Runtime == runtimeGym && !gymOK {
+				continue // skipped, with a warning naming what is missing
+			}
 			if !have[c.Name] {
 				miss = append(miss, "workload row "+c.Name)
 			}
@@ -558,7 +563,7 @@ func (rep *Report) tables() []table {
 		t.rows = append(t.rows, []string{"config", "rollouts/s", "throughput", "p50 latency", "p99 latency", "stack CPU/rollout",
 			"agent CPU % of stack", "eBPF ns/req", "hits/req", "spans/rollout", "records/rollout", "target", "verdict"})
 		for _, r := range rep.Workload {
-			if r.Config == "untraced" {
+			if strings.HasPrefix(r.Config, "untraced") {
 				t.rows = append(t.rows, []string{r.Config, fmtF(r.RolloutsPerS, 1), "1", fmtF(r.P50Ms, 1) + " ms", fmtF(r.P99Ms, 1) + " ms", "1", "", "", "", "", "", "", ""})
 				continue
 			}
@@ -573,7 +578,7 @@ func (rep *Report) tables() []table {
 		out = append(out, t)
 	}
 	if len(rep.Programs) > 0 {
-		cfgs := []string{"groups off", "default", "per_rollout", "all"}
+		cfgs := []string{"groups off", "default", "per_rollout", "all", "default, Gym runtime", "per_rollout, Gym runtime"}
 		t := table{title: "2. Per-program cost from bpf_stats, per configuration: ns per hit on the traced servers' syscalls / their hits per HTTP request served; " +
 			"host = ns per hit for every other process on the machine (stops at the target check), from an idle window before each run"}
 		hdr := []string{"program", "type"}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,11 +23,17 @@ import (
 
 // wlConfig is one way of running the Gym-shaped workload.
 type wlConfig struct {
-	Name   string // row name in the table
-	Traced bool
-	Spec   string // --span-groups
-	NoGate bool   // GYMTRACE_BENCH_NO_GATE=1
+	Name    string // row name in the table
+	Traced  bool
+	Spec    string // --span-groups
+	NoGate  bool   // GYMTRACE_BENCH_NO_GATE=1
+	Runtime string // "" the host's 3.11, default loop, h11; runtimeGym
 }
+
+// runtimeGym: Gym's own runtime, CPython 3.13 with uvloop 0.21 and httptools
+// (Debian 13's, the root test/python/make-root.sh makes), on a stack of its
+// own; its rows compare with its own untraced row.
+const runtimeGym = "gym"
 
 var workloadConfigs = []wlConfig{
 	{Name: "untraced"},
@@ -36,6 +43,37 @@ var workloadConfigs = []wlConfig{
 	{Name: "all", Traced: true, Spec: "all"},
 	{Name: "verify, gate", Traced: true, Spec: "verify"},
 	{Name: "verify, no gate", Traced: true, Spec: "verify", NoGate: true},
+	{Name: "untraced, Gym runtime", Runtime: runtimeGym},
+	{Name: "default, Gym runtime", Traced: true, Spec: "default", Runtime: runtimeGym},
+	{Name: "per_rollout, Gym runtime", Traced: true, Spec: "per_rollout", Runtime: runtimeGym},
+}
+
+// baseOf is the untraced configuration a configuration is compared with.
+func baseOf(cfg wlConfig) string {
+	if cfg.Runtime == runtimeGym {
+		return "untraced, Gym runtime"
+	}
+	return "untraced"
+}
+
+// gymRuntimeRoot is the Debian 13 root with python3.13, uvloop and httptools.
+func gymRuntimeRoot() string {
+	if r := os.Getenv("GYMTRACE_TRIXIE_ROOT"); r != "" {
+		return r
+	}
+	return "/var/tmp/gymtrace-trixie"
+}
+
+// gymRuntimeMissing says why the Gym-runtime rows cannot run, "" when they can.
+func gymRuntimeMissing() string {
+	root := gymRuntimeRoot()
+	if _, err := os.Stat(filepath.Join(root, "usr/bin/python3.13")); err != nil {
+		return fmt.Sprintf("no Debian 13 root with python3.13 at %s: run test/python/make-root.sh trixie (scripts/setup does)", root)
+	}
+	if out, err := exec.Command("chroot", root, "/usr/bin/python3.13", "-c", "import uvloop, httptools, fastapi, aiohttp").CombinedOutput(); err != nil {
+		return fmt.Sprintf("the Debian 13 root at %s lacks uvloop/httptools/fastapi/aiohttp: %v %s", root, err, tail(string(out), 200))
+	}
+	return ""
 }
 
 // progDelta is one program's bpf_stats over a run.
@@ -138,14 +176,33 @@ type readyLine struct {
 	CollectorArgv []string `json:"collector_argv"`
 }
 
-func startStack(ctx context.Context, root, dir string, warmup int) (*stack, error) {
+func startStack(ctx context.Context, root, dir string, warmup int, runtime string) (*stack, error) {
 	truth := filepath.Join(dir, "truth.jsonl")
+	var extra []string
+	if runtime == runtimeGym {
+		// The chrooted servers see the stack and the truth file inside the
+		// root: both go there, and the truth is read back from the host.
+		croot := gymRuntimeRoot()
+		host, err := os.MkdirTemp(filepath.Join(croot, "tmp"), "gymtrace-bench-")
+		if err != nil {
+			return nil, err
+		}
+		if out, err := exec.Command("cp", "-r", filepath.Join(root, "test/stack"), filepath.Join(host, "stack")).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("copying test/stack into %s: %v %s", host, err, out)
+		}
+		inside := "/" + strings.TrimPrefix(host, croot+"/")
+		truth = filepath.Join(host, "truth.jsonl")
+		extra = []string{"--python", "chroot " + croot + " /usr/bin/python3.13", "--stack-dir", inside + "/stack",
+			"--loop", "uvloop", "--http", "httptools", "--truth", inside + "/truth.jsonl"}
+	} else {
+		extra = []string{"--truth", truth}
+	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	argv := []string{"/usr/bin/python3", filepath.Join(root, "test/stack/launch.py"), "--serve",
-		"--warmup", strconv.Itoa(warmup), "--truth", truth, "--log-dir", filepath.Join(dir, "stack")}
+	argv := append([]string{"/usr/bin/python3", filepath.Join(root, "test/stack/launch.py"), "--serve",
+		"--warmup", strconv.Itoa(warmup), "--log-dir", filepath.Join(dir, "stack")}, extra...)
 	c, err := startChild("test stack", argv, nil, filepath.Join(dir, "launch.log"), pw)
 	pw.Close()
 	if err != nil {
@@ -288,34 +345,51 @@ type wlOptions struct {
 	Log                 *slog.Logger
 }
 
-// runWorkload runs every configuration Rounds times, interleaved.
+// runWorkload runs every configuration Rounds times, interleaved. Each
+// runtime has its stack, started once and kept warm.
 func runWorkload(ctx context.Context, o wlOptions) ([]wlRun, error) {
-	st, err := startStack(ctx, o.Root, workDir(o.Dir, "workload"), o.Warmup)
-	if err != nil {
-		return nil, err
+	type rt struct {
+		st *stack
+		hc *hitCounter
 	}
-	defer st.stop()
-	o.Log.Info("test stack up", "pids", st.pidArg())
-	hc, err := newHitCounter(append(append([]string(nil), gymtraceHooks...), injectHooks...), []int{st.pids["agent"], st.pids["model"], st.pids["resources"]})
-	if err != nil {
-		return nil, err
+	rts := map[string]*rt{}
+	configs := workloadConfigs
+	if why := gymRuntimeMissing(); why != "" {
+		o.Log.Warn("the Gym-runtime rows are skipped", "why", why)
+		configs = slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return c.Runtime == runtimeGym })
 	}
-	defer hc.Close()
-	// One unrecorded run first: the servers' first collection after start is
-	// slower (lazy imports, first connections), and it must not land in a
-	// measured round.
-	if _, _, err := st.collect(ctx, workDir(o.Dir, "workload"), o.Rollouts, o.Concurrency); err != nil {
-		return nil, fmt.Errorf("settling run: %w", err)
+	for _, cfg := range configs {
+		if rts[cfg.Runtime] != nil {
+			continue
+		}
+		st, err := startStack(ctx, o.Root, workDir(o.Dir, "workload-"+cfg.Runtime), o.Warmup, cfg.Runtime)
+		if err != nil {
+			return nil, err
+		}
+		defer st.stop()
+		o.Log.Info("test stack up", "runtime", cfg.Runtime, "pids", st.pidArg())
+		hc, err := newHitCounter(append(append([]string(nil), gymtraceHooks...), injectHooks...), []int{st.pids["agent"], st.pids["model"], st.pids["resources"]})
+		if err != nil {
+			return nil, err
+		}
+		defer hc.Close()
+		// One unrecorded run first: the servers' first collection after
+		// start is slower (lazy imports, first connections), and it must
+		// not land in a measured round.
+		if _, _, err := st.collect(ctx, workDir(o.Dir, "workload"), o.Rollouts, o.Concurrency); err != nil {
+			return nil, fmt.Errorf("settling run: %w", err)
+		}
+		rts[cfg.Runtime] = &rt{st, hc}
 	}
 
 	var runs []wlRun
 	for r := 0; r < o.Rounds; r++ {
-		for _, i := range rotation(len(workloadConfigs), r) {
-			cfg := workloadConfigs[i]
+		for _, i := range rotation(len(configs), r) {
+			cfg := configs[i]
 			if ctx.Err() != nil {
 				return runs, ctx.Err()
 			}
-			run, err := runOnce(ctx, o, st, hc, cfg, r)
+			run, err := runOnce(ctx, o, rts[cfg.Runtime].st, rts[cfg.Runtime].hc, cfg, r)
 			if err != nil {
 				return runs, fmt.Errorf("workload %q, round %d: %w", cfg.Name, r+1, err)
 			}
