@@ -7,6 +7,7 @@ import (
 
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/inject"
 	"github.com/gymtrace/gymtrace/internal/preflight"
 )
 
@@ -17,7 +18,10 @@ import (
 // of the command itself (its output could not be written).
 func runCheck(ctx context.Context, cfg *config.Config, out io.Writer) (ok bool, err error) {
 	_ = cfg // every check is about the machine; nothing in the config relaxes one
-	rep := preflight.Run(ctx, preflight.Options{})
+	rep := preflight.Run(ctx, preflight.Options{InjectSelfTest: func() (bool, string, error) {
+		r, err := inject.SelfTest()
+		return r.Safe(), r.String(), err
+	}})
 	if err := rep.WriteTable(out); err != nil {
 		return false, fmt.Errorf("writing the check table: %w", err)
 	}

@@ -38,11 +38,12 @@ import (
 // tracer is one running gymtrace: discovery feeds targets to the loader, the
 // ring-buffer reader feeds the span pipeline, the pipeline feeds the exporter.
 type tracer struct {
-	log  *slog.Logger
-	cfg  *config.Config
-	kern *loader.Tracer
-	tls  *gttls.Attacher  // HTTPS: OpenSSL probes per target
-	inj  *inject.Injector // traceparent into outbound requests; nil when off
+	log      *slog.Logger
+	cfg      *config.Config
+	kern     *loader.Tracer
+	tls      *gttls.Attacher  // HTTPS: OpenSSL probes per target
+	inj      *inject.Injector // traceparent into outbound requests; nil when off
+	injState injectState      // whether injection is on, and why not (the gymtrace_inject_enabled metric)
 	// injWanted: http_client is enabled, so targets' outbound sockets belong
 	// in the injection sockhash (the kernel checks the mask itself).
 	injWanted atomic.Bool
@@ -99,7 +100,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		return err
 	}
 	defer t.tls.Close()
-	t.inj = startInjector(kern, cfg, log)
+	t.inj = startInjector(kern, cfg, log, &t.injState)
 	t.injWanted.Store(cfg.Mask.Has(groups.HTTPClient))
 	defer func() {
 		if err := t.inj.Close(); err != nil {
@@ -580,5 +581,6 @@ func (t *tracer) metricSources() metrics.Sources {
 		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
 		Export:           func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
 		TargetsAttached:  t.targetCount,
+		Injection:        t.injState.get,
 	}
 }

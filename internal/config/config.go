@@ -46,6 +46,7 @@ type Config struct {
 	MetricsAddr  string  // Prometheus /metrics and /healthz listen address; "" is off
 	SampleRatio  float64 // fraction of traces kept, 0..1, decided per trace id
 	Inject       bool    // add traceparent to outbound requests that lack one
+	InjectForce  bool    // inject even where the start-up self-test found a kernel misreport (inject.SelfTest)
 	RolloutIDs   bool    // read rollout ids from /run request bodies in the kernel
 	RingbufBytes int     // BPF ring-buffer size, a power of two
 	LogLevel     string  // debug, info, warn, error
@@ -184,6 +185,9 @@ var settings = []Setting{
 	{Flag: "inject", Default: "true", IsBool: true,
 		Usage: "add a traceparent header to outbound Gym requests that lack one, so processes on other hosts join the trace",
 		apply: func(c *Config, v value) error { return setBool(&c.Inject, v) }},
+	{Flag: "inject-force", Default: "false", IsBool: true,
+		Usage: "inject even on a kernel where the start-up self-test finds that sockets in the injection sockhash misreport their state (ioctl(FIONREAD)); the traced programs then see that misreport",
+		apply: func(c *Config, v value) error { return setBool(&c.InjectForce, v) }},
 	{Flag: "rollout-ids", Default: "true", IsBool: true,
 		Usage: "read _ng_rollout_id and the task/rollout indexes from /run request bodies (only those values leave the kernel)",
 		apply: func(c *Config, v value) error { return setBool(&c.RolloutIDs, v) }},

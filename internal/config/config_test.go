@@ -181,6 +181,7 @@ func TestEveryFlagInSection(t *testing.T) {
   metrics_addr: ":9464"
   sample_ratio: 0.25
   inject: false
+  inject_force: true
   rollout_ids: no
   ringbuf_bytes: 16MiB
   log_level: debug
@@ -192,7 +193,7 @@ func TestEveryFlagInSection(t *testing.T) {
 	}
 	if c.OTLPEndpoint != "https://otel.example:4317" || c.OTLPInsecure || c.OTLPHeaders["authorization"] != "Bearer x" ||
 		c.OTLPTimeout != 3*time.Second || c.Exporter != "otlp" || c.MetricsAddr != ":9464" || c.SampleRatio != 0.25 ||
-		c.Inject || c.RolloutIDs || c.RingbufBytes != 16<<20 || c.LogLevel != "debug" || c.Level() != slog.LevelDebug {
+		c.Inject || !c.InjectForce || c.RolloutIDs || c.RingbufBytes != 16<<20 || c.LogLevel != "debug" || c.Level() != slog.LevelDebug {
 		t.Errorf("%+v", c)
 	}
 	// Every setting but config must be settable in the section.

@@ -55,6 +55,9 @@ type Sources struct {
 	Export           func() ExportStats
 	// TargetsAttached is the number of processes being traced now.
 	TargetsAttached func() int
+	// Injection is whether traceparent injection is on, and why it is off
+	// (or forced on despite a kernel misreport).
+	Injection func() (on bool, reason string)
 }
 
 // Metrics is gymtrace's metrics registry and health state.
@@ -208,6 +211,9 @@ var (
 		"Size of the export queue.", nil, nil)
 	descTargets = prometheus.NewDesc("gymtrace_targets_attached",
 		"Processes being traced.", nil, nil)
+	descInject = prometheus.NewDesc("gymtrace_inject_enabled",
+		"1 when traceparent injection is on. reason: why it is off (flag, fionread: the kernel misreports FIONREAD for sockets in a sockhash, "+
+			"selftest_failed, no_cgroup_v2, attach_failed), or forced_<reason> when --inject-force overrode the self-test.", []string{"reason"}, nil)
 	descReady = prometheus.NewDesc("gymtrace_ready",
 		"1 once probes are attached (what /healthz reports).", nil, nil)
 )
@@ -217,7 +223,7 @@ type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descBuilt,
-		descUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descReady} {
+		descUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject, descReady} {
 		ch <- d
 	}
 }
@@ -257,6 +263,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.TargetsAttached != nil {
 		ch <- prometheus.MustNewConstMetric(descTargets, prometheus.GaugeValue, float64(src.TargetsAttached()))
+	}
+	if src.Injection != nil {
+		on, reason := src.Injection()
+		v := 0.0
+		if on {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descInject, prometheus.GaugeValue, v, reason)
 	}
 	ready := 0.0
 	if c.m.ready.Load() {

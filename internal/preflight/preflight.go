@@ -102,6 +102,10 @@ type Options struct {
 	Traceparent bool
 	// StatusPath is the status file whose CapEff is checked (default /proc/self/status).
 	StatusPath string
+	// InjectSelfTest, when set, runs injection's start-up self-test
+	// (inject.SelfTest): safe is false where injection would change what
+	// the traced programs see, and detail says what.
+	InjectSelfTest func() (safe bool, detail string, err error)
 }
 
 // Required runs the checks the tracer needs, mounting what it can, and returns
@@ -143,7 +147,7 @@ func Run(ctx context.Context, o Options) Report {
 	c.caps, c.capsErr = effectiveCaps(o.StatusPath)
 	steps := []func(){
 		c.kernel, c.btf, c.capabilities, c.tracefs_, c.bpffs, c.lockdown, c.cgroup2,
-		c.progTypes, c.maps, c.tracepointAttach, c.uprobeAttach, c.sockOpsAttach,
+		c.progTypes, c.maps, c.tracepointAttach, c.uprobeAttach, c.sockOpsAttach, c.injectSelfTest,
 	}
 	for _, step := range steps {
 		if ctx.Err() != nil {
@@ -605,6 +609,28 @@ func (c *checker) sockOpsAttach() {
 		}
 	} else {
 		r.Status = StatusOK
+	}
+	c.add(r)
+}
+
+// injectSelfTest: does a socket in a sockhash report its state as it does
+// outside one? Where not, gymtrace keeps traceparent injection off.
+func (c *checker) injectSelfTest() {
+	if c.o.InjectSelfTest == nil {
+		return
+	}
+	r := Result{Feature: "injection self-test (sockhash)", Need: NeedOptional}
+	safe, detail, err := c.o.InjectSelfTest()
+	switch {
+	case err != nil:
+		r.Status, r.Detail = StatusMissing, err.Error()
+		r.Fix = "needs CAP_BPF and CAP_NET_ADMIN (see the capability rows); gymtrace keeps traceparent injection off when it cannot run this test"
+	case !safe:
+		r.Status, r.Detail = StatusMissing, detail
+		r.Fix = "gymtrace keeps traceparent injection off here (traces do not join across nodes); a kernel with the fix, " +
+			"or --inject-force to inject and let the traced programs see the misreport"
+	default:
+		r.Status, r.Detail = StatusOK, detail
 	}
 	c.add(r)
 }

@@ -305,6 +305,12 @@ func runStack(t *testing.T, top topology) result {
 		metricsAddrs = append(metricsAddrs, maddr)
 		argv := append([]string{gymtrace, "run", "--otlp-endpoint", "http://" + sinkAddr, "--metrics-addr", maddr,
 			"--span-groups", "default", "--inject=" + strconv.FormatBool(top.inject)}, pidFlags...)
+		if top.inject {
+			// These tests measure the injection mechanism: on a kernel whose
+			// sockhash misreports FIONREAD gymtrace keeps injection off by
+			// default (test/conformance checks that), so it is forced here.
+			argv = append(argv, "--inject-force")
+		}
 		g := start(t, fmt.Sprintf("gymtrace-%d", i), nil, argv...)
 		g.waitFor(t, "gymtrace: attached", 60*time.Second)
 		tracers = append(tracers, g)

@@ -28,6 +28,7 @@ type wlConfig struct {
 	Spec    string // --span-groups
 	NoGate  bool   // GYMTRACE_BENCH_NO_GATE=1
 	Runtime string // "" the host's 3.11, default loop, h11; runtimeGym
+	Args    []string
 }
 
 // runtimeGym: Gym's own runtime, CPython 3.13 with uvloop 0.21 and httptools
@@ -43,6 +44,10 @@ var workloadConfigs = []wlConfig{
 	{Name: "all", Traced: true, Spec: "all"},
 	{Name: "verify, gate", Traced: true, Spec: "verify"},
 	{Name: "verify, no gate", Traced: true, Spec: "verify", NoGate: true},
+	// On a kernel whose self-test keeps injection off (FIONREAD in a
+	// sockhash), the rows above run without it; this one measures what
+	// the injection path (sys_enter decision, sockhash, sk_msg) costs.
+	{Name: "default, injection forced", Traced: true, Spec: "default", Args: []string{"--inject-force"}},
 	{Name: "untraced, Gym runtime", Runtime: runtimeGym},
 	{Name: "default, Gym runtime", Traced: true, Spec: "default", Runtime: runtimeGym},
 	{Name: "per_rollout, Gym runtime", Traced: true, Spec: "per_rollout", Runtime: runtimeGym},
@@ -165,6 +170,9 @@ type stack struct {
 	collector []string
 	truth     string
 	truthOff  int64
+	// chroot: the Python root the stack runs in, "" for the host's; its
+	// files are written inside it (inside) and read from here (host).
+	chroot, inside, host string
 }
 
 type readyLine struct {
@@ -179,6 +187,7 @@ type readyLine struct {
 func startStack(ctx context.Context, root, dir string, warmup int, runtime string) (*stack, error) {
 	truth := filepath.Join(dir, "truth.jsonl")
 	var extra []string
+	var chroot, inDir, hostDir string
 	if runtime == runtimeGym {
 		// The chrooted servers see the stack and the truth file inside the
 		// root: both go there, and the truth is read back from the host.
@@ -191,6 +200,7 @@ func startStack(ctx context.Context, root, dir string, warmup int, runtime strin
 			return nil, fmt.Errorf("copying test/stack into %s: %v %s", host, err, out)
 		}
 		inside := "/" + strings.TrimPrefix(host, croot+"/")
+		chroot, inDir, hostDir = croot, inside, host
 		truth = filepath.Join(host, "truth.jsonl")
 		extra = []string{"--python", "chroot " + croot + " /usr/bin/python3.13", "--stack-dir", inside + "/stack",
 			"--loop", "uvloop", "--http", "httptools", "--truth", inside + "/truth.jsonl"}
@@ -229,7 +239,8 @@ func startStack(ctx context.Context, root, dir string, warmup int, runtime strin
 		c.stop(5 * time.Second)
 		return nil, fmt.Errorf("the test stack did not start (%q %s):\n%s", strings.TrimSpace(line), rl.Error, c.logTail())
 	}
-	s := &stack{launcher: c, pids: map[string]int{}, collector: rl.CollectorArgv, truth: truth}
+	s := &stack{launcher: c, pids: map[string]int{}, collector: rl.CollectorArgv, truth: truth,
+		chroot: chroot, inside: inDir, host: hostDir}
 	for _, role := range []string{"agent", "model", "resources"} {
 		p := rl.Servers[role].PID
 		if p == 0 {
@@ -284,7 +295,13 @@ func (s *stack) countRequests() int {
 	return n
 }
 
-func (s *stack) stop() error { return s.launcher.stop(20 * time.Second) }
+func (s *stack) stop() error {
+	err := s.launcher.stop(20 * time.Second)
+	if s.host != "" {
+		os.RemoveAll(s.host)
+	}
+	return err
+}
 
 type collectorSummary struct {
 	Rollouts     int     `json:"rollouts"`
@@ -298,9 +315,15 @@ type collectorSummary struct {
 // latency of every rollout (seconds).
 func (s *stack) collect(ctx context.Context, dir string, rollouts, conc int) (collectorSummary, []float64, error) {
 	var sum collectorSummary
-	results := filepath.Join(dir, "results.jsonl")
+	results, arg := filepath.Join(dir, "results.jsonl"), ""
+	if s.chroot != "" {
+		results, arg = filepath.Join(s.host, "results.jsonl"), filepath.Join(s.inside, "results.jsonl")
+	} else {
+		arg = results
+	}
+	os.Remove(results)
 	argv := append(append([]string{}, s.collector...), "--rollouts", strconv.Itoa(rollouts),
-		"--concurrency", strconv.Itoa(conc), "--results", results)
+		"--concurrency", strconv.Itoa(conc), "--results", arg)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
@@ -409,8 +432,8 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 		var err error
 		gt, err = startGymtrace(ctx, gymtraceOptions{
 			Bin: o.Gymtrace,
-			Args: []string{"--pid", st.pidArg(), "--span-groups", cfg.Spec,
-				"--exporter", "jsonl", "--output", "/dev/null"},
+			Args: append([]string{"--pid", st.pidArg(), "--span-groups", cfg.Spec,
+				"--exporter", "jsonl", "--output", "/dev/null"}, cfg.Args...),
 			NoGate:  cfg.NoGate,
 			LogPath: filepath.Join(dir, fmt.Sprintf("gymtrace-r%d-%s.log", round, slug(cfg.Name))),
 		})
