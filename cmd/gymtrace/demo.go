@@ -45,7 +45,7 @@ type demoReady struct {
 // rollouts through a collector, prints their traces and detaches.
 func runDemo(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	if out, err := exec.Command(demoPython, "-c", "import fastapi, uvicorn, aiohttp").CombinedOutput(); err != nil {
-		return fmt.Errorf("the demo runs its Gym-shaped stack on %s with FastAPI, uvicorn and aiohttp: %s(install them: sudo ./scripts/setup, or apt-get install python3-fastapi python3-uvicorn python3-aiohttp python3-itsdangerous)", demoPython, strings.TrimSpace(string(out))+" ")
+		return fmt.Errorf("the demo runs its Gym-shaped stack on %s with FastAPI, uvicorn and aiohttp: %s(install them as root: ./scripts/setup, or apt-get install python3-fastapi python3-uvicorn python3-aiohttp python3-itsdangerous)", demoPython, strings.TrimSpace(string(out))+" ")
 	}
 	dir, err := os.MkdirTemp("", "gymtrace-demo-")
 	if err != nil {
