@@ -71,6 +71,10 @@ struct {
 	__type(value, struct gt_py_wbuf);
 } gt_py_wbufs SEC(".maps");
 
+// A deferred write leaves the loop within one iteration; a record is
+// trusted for this long.
+#define GT_PY_WBUF_MAX_AGE_NS (10ULL * 1000 * 1000 * 1000)
+
 // Per-CPU room for the map keys and values built on the syscall path: the
 // syscall programs' deepest call chain is close to the 512-byte stack limit.
 struct gt_py_scratch {
@@ -263,7 +267,9 @@ static __always_inline int gt_py_context_w(__u32 tgid, __u32 tid, __u64 wbuf, in
 		ps->wk._pad = 0;
 		ps->wk.addr = wbuf;
 		struct gt_py_wbuf *w = bpf_map_lookup_elem(&gt_py_wbufs, &ps->wk);
-		if (w) {
+		// A record older than that is from before the probes came off
+		// and back on (pure servers): its buffer is long gone.
+		if (w && bpf_ktime_get_ns() - w->ns < GT_PY_WBUF_MAX_AGE_NS) {
 			*ctx = w->ctx;
 			*root = w->root;
 			if (take) {

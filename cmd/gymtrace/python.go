@@ -163,7 +163,49 @@ func (p *pyTargets) tryUVloopLocked(pid int, in *python.Interpreter) bool {
 	}
 	p.uvProbes[pid] = c
 	p.t.log.Debug("uvloop write probes attached", "pid", pid, "uvloop", m.Version, "sites", len(m.Sites))
+	go p.watchUVUse(pid, in)
 	return true
+}
+
+// Pure servers need no write probe: only a process's outbound calls take
+// their parent from the writing task, and a model or resources server
+// usually makes none. After uvServeOnly requests served and none made, the
+// probes come off (one trap less per write of every response); the first
+// outbound request puts them back (that call and the few racing it are
+// unattributed, never wrong).
+const uvServeOnly = 64
+
+func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
+	detached := false
+	for {
+		time.Sleep(500 * time.Millisecond)
+		n := p.t.spans.Builder().Counts(pid)
+		p.mu.Lock()
+		if p.interp[pid] != in || !p.want {
+			p.mu.Unlock()
+			return
+		}
+		switch {
+		case !detached && n.Made == 0 && n.Served >= uvServeOnly:
+			if c, ok := p.uvProbes[pid]; ok {
+				_ = c.Close()
+				delete(p.uvProbes, pid)
+				_ = p.t.kern.SetPython(pid, in.Params) // without FlagUVWrite
+				detached = true
+				p.t.log.Debug("uvloop write probes off: the process only serves", "pid", pid, "served", n.Served)
+			}
+		case detached && n.Made > 0:
+			p.mu.Unlock()
+			p.t.log.Debug("uvloop write probes back: the process calls out", "pid", pid)
+			p.mu.Lock()
+			if p.interp[pid] == in && p.want {
+				p.tryUVloopLocked(pid, in) // starts a new watcher
+			}
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+	}
 }
 
 func (p *pyTargets) detachUVLocked(pid int) {

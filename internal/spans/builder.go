@@ -190,7 +190,12 @@ type Builder struct {
 	lc       lifecycle // gym.job and gym.sandbox.* (lifecycle.go)
 	jobIDs   map[uint32]jobIDs
 	noCtx    map[uint32]string // pid -> why its calls cannot name their request (SetNoContext)
+	counts   map[uint32]*ReqCounts
 }
+
+// ReqCounts are the HTTP requests a process served and made since it was
+// first seen (Counts).
+type ReqCounts struct{ Served, Made uint64 }
 
 // jobIDs are a collector's gym.job ids, decided and published before its
 // first call (PrepareJob) so that even its first calls carry the job's trace.
@@ -231,6 +236,7 @@ func NewBuilder(opt Options) (*Builder, error) {
 		open:     make(map[*http.Exchange]struct{}),
 		jobIDs:   make(map[uint32]jobIDs),
 		noCtx:    make(map[uint32]string),
+		counts:   make(map[uint32]*ReqCounts),
 	}
 	b.mask.Store(uint64(opt.Mask))
 	return b, nil
@@ -288,6 +294,7 @@ func (b *Builder) ForgetProcess(pid int) {
 	delete(b.procs, uint32(pid))
 	delete(b.jobIDs, uint32(pid))
 	delete(b.noCtx, uint32(pid))
+	delete(b.counts, uint32(pid))
 	if b.opt.Inject != nil {
 		b.opt.Inject.UnpublishJob(uint32(pid))
 	}
@@ -412,10 +419,30 @@ func (b *Builder) BindContext(pid uint32, ctx, parentCtx, connID uint64) bool {
 	return true
 }
 
+// Counts returns the requests process pid served and made so far.
+func (b *Builder) Counts(pid int) ReqCounts {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c := b.counts[uint32(pid)]; c != nil {
+		return *c
+	}
+	return ReqCounts{}
+}
+
 // RequestStarted implements http.Handler: ids and parents are decided here.
 func (b *Builder) RequestStarted(x *http.Exchange) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	c := b.counts[x.PID]
+	if c == nil {
+		c = &ReqCounts{}
+		b.counts[x.PID] = c
+	}
+	if x.Side == loader.SideServer {
+		c.Served++
+	} else {
+		c.Made++
+	}
 	switch x.Side {
 	case loader.SideServer:
 		b.startServer(x)
