@@ -27,6 +27,7 @@ type pyTargets struct {
 	uvProbes map[int]io.Closer
 	uvWatch  map[int]bool
 	want     bool
+	pending  sync.WaitGroup // adds still inspecting (wait)
 }
 
 // needsPy: client spans and sandbox spans take their parent from the
@@ -43,7 +44,9 @@ func newPyTargets(t *tracer, m groups.Mask) *pyTargets {
 // add inspects a new target in the background: a process that has only just
 // exec'd may not have initialised its runtime yet, so it is retried briefly.
 func (p *pyTargets) add(pid int) {
+	p.pending.Add(1)
 	go func() {
+		defer p.pending.Done()
 		var in *python.Interpreter
 		var err error
 		for delay := 50 * time.Millisecond; delay < 5*time.Second; delay *= 2 {
@@ -74,6 +77,21 @@ func (p *pyTargets) add(pid int) {
 		}
 		p.t.log.Debug("python interpreter found", "pid", pid, "version", in.Version, "elf", in.ELFPath)
 	}()
+}
+
+// wait blocks until every add so far has set its process up (layout in the
+// kernel, probes attached) or given up, or until d has passed: gymtrace says
+// "attached" only once the targets it was given are traced whole, so their
+// first requests already get parents.
+func (p *pyTargets) wait(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { p.pending.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
 }
 
 func (p *pyTargets) attachLocked(pid int, in *python.Interpreter) {

@@ -189,6 +189,11 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 		}
 	}()
 
+	// The targets found now are traced whole before "attached": their
+	// interpreters read and their context probes on.
+	if !t.py.wait(10 * time.Second) {
+		log.Warn("some Python targets are still being inspected; their first requests may lack parents")
+	}
 	tuneGC(log, os.LookupEnv)
 	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
 		"exporter", cfg.Exporter)
