@@ -584,6 +584,7 @@ func (t *tracer) metricSources() metrics.Sources {
 			return out
 		},
 		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
+		ParentNoContext:  func() uint64 { return t.spans.Builder().Stats().ParentNoContext },
 		Export:           func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
 		TargetsAttached:  t.targetCount,
 		Injection:        t.injState.get,

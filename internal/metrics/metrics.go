@@ -52,6 +52,9 @@ type Sources struct {
 	SpansBuilt func() map[string]uint64
 	// ParentUnresolved counts spans whose parent could not be joined.
 	ParentUnresolved func() uint64
+	// ParentNoContext counts those of them made by a process whose asyncio
+	// context cannot be read (an unrecognised uvloop build).
+	ParentNoContext func() uint64
 	Export           func() ExportStats
 	// TargetsAttached is the number of processes being traced now.
 	TargetsAttached func() int
@@ -199,6 +202,9 @@ var (
 		"Spans built in userspace, per span group.", []string{"group"}, nil)
 	descUnresolved = prometheus.NewDesc("gymtrace_parent_unresolved_total",
 		"Spans whose parent could not be joined (exported without it).", nil, nil)
+	descNoContext = prometheus.NewDesc("gymtrace_parent_no_context_total",
+		"Client spans left without a parent because their process's asyncio context cannot be read "+
+			"(an unrecognised uvloop build; gymtrace.parent.unresolved=uvloop_unrecognized).", nil, nil)
 	descExported = prometheus.NewDesc("gymtrace_spans_exported_total",
 		"Spans the exporter accepted.", nil, nil)
 	descFailed = prometheus.NewDesc("gymtrace_spans_export_failed_total",
@@ -223,7 +229,7 @@ type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descBuilt,
-		descUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject, descReady} {
+		descUnresolved, descNoContext, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject, descReady} {
 		ch <- d
 	}
 }
@@ -253,6 +259,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRingbuf, src.RingbufReserveFailures)
 	counter(descRecords, src.RecordsRead)
 	counter(descUnresolved, src.ParentUnresolved)
+	counter(descNoContext, src.ParentNoContext)
 	if src.Export != nil {
 		s := src.Export()
 		ch <- prometheus.MustNewConstMetric(descExported, prometheus.CounterValue, float64(s.Exported))

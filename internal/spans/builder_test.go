@@ -712,3 +712,27 @@ func TestPipelineCountsDecodeErrors(t *testing.T) {
 		t.Error("decode error not counted")
 	}
 }
+
+// A process whose asyncio context gymtrace cannot read (an unrecognised
+// uvloop build): its unresolvable calls say why, and are counted.
+func TestNoContextReason(t *testing.T) {
+	s := newSim(t, "default")
+	g := newGymStack(s, false)
+	s.b.SetNoContext(pidAgent, "uvloop_unrecognized")
+	r0 := g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1))
+	r1 := g.collAgent[1].request(loader.MethodPOST, "/run", withRollout(1, 1, -1))
+	g.agentRes[0].request(loader.MethodPOST, "/seed_session").respond(200)
+	r0.respond(200)
+	r1.respond(200)
+	clients := findSpans(s.spans, "HTTP POST")
+	if len(clients) != 1 || clients[0].Parent.IsValid() {
+		t.Fatalf("want one client span without a parent, got %d", len(clients))
+	}
+	mustAttr(t, clients[0], "gymtrace.parent.unresolved", "uvloop_unrecognized")
+	if st := s.b.Stats(); st.ParentAmbiguous != 1 || st.ParentNoContext != 1 {
+		t.Errorf("ParentAmbiguous = %d, ParentNoContext = %d; want 1, 1", st.ParentAmbiguous, st.ParentNoContext)
+	}
+	if c := s.b.Counts(pidAgent); c.Served != 2 || c.Made != 1 {
+		t.Errorf("agent counts %+v, want 2 served, 1 made", c)
+	}
+}
