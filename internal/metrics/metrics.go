@@ -55,7 +55,7 @@ type Sources struct {
 	// ParentNoContext counts those of them made by a process whose asyncio
 	// context cannot be read (an unrecognised uvloop build).
 	ParentNoContext func() uint64
-	Export           func() ExportStats
+	Export          func() ExportStats
 	// TargetsAttached is the number of processes being traced now.
 	TargetsAttached func() int
 	// Injection is whether traceparent injection is on, and why it is off
