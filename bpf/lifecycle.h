@@ -142,8 +142,16 @@ static __always_inline __u8 gt_provider(const char *b, int n)
 	return GT_SB_NONE;
 }
 
+// Execs userspace discovery must see at once: Gym's entry points, and every
+// Python interpreter (Gym starts each server as `bash -c "... python app.py"`:
+// only /proc/PID/environ says whether it is one of Gym's). Without the
+// event a server started after gymtrace waits for the periodic rescan and
+// its first rollouts go untraced. An exec is rare next to a syscall; a
+// non-Gym Python costs userspace one /proc read.
 static __always_inline int gt_is_entry_point(const char *b, int n)
 {
+	if (n >= 6 && b[0] == 'p' && b[1] == 'y' && b[2] == 't' && b[3] == 'h' && b[4] == 'o' && b[5] == 'n')
+		return 1;
 	return GT_NAME_IS(b, n, "ng_collect_rollouts") || GT_NAME_IS(b, n, "ng_e2e_collect_rollouts") ||
 	       GT_NAME_IS(b, n, "gym");
 }

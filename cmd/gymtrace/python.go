@@ -49,12 +49,19 @@ func (p *pyTargets) add(pid int) {
 		defer p.pending.Done()
 		var in *python.Interpreter
 		var err error
-		for delay := 50 * time.Millisecond; delay < 5*time.Second; delay *= 2 {
+		// A server found at its exec is inspected within ~20 ms of its
+		// runtime coming up, well before it has imported its web stack
+		// and serves; a slow start backs off, up to about 8 s in all.
+		start := time.Now()
+		for delay := 20 * time.Millisecond; time.Since(start) < 8*time.Second; {
 			in, err = python.InspectInterpreter(pid)
 			if !errors.Is(err, python.ErrNotReady) {
 				break
 			}
 			time.Sleep(delay)
+			if time.Since(start) > 2*time.Second && delay < 500*time.Millisecond {
+				delay *= 2
+			}
 		}
 		if err != nil {
 			if !errors.Is(err, python.ErrNotPython) {
@@ -191,12 +198,12 @@ func (p *pyTargets) tryUVloopLocked(pid int, in *python.Interpreter) bool {
 // probes come off (one trap less per write of every response); the first
 // outbound request puts them back (that call and the few racing it are
 // unattributed, never wrong).
-const uvServeOnly = 64
+const uvServeOnly = 32
 
 func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
 	detached := false
 	for {
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		n := p.t.spans.Builder().Counts(pid)
 		p.mu.Lock()
 		if p.interp[pid] != in || !p.want {

@@ -212,7 +212,10 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 		pids = append(pids, strconv.Itoa(p))
 	}
 	g := &gymtrace{metricsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-	argv := []string{gymtraceBin, "--pid", strings.Join(pids, ","), "--span-groups", o.groups, "--metrics-addr", g.metricsAddr}
+	argv := []string{gymtraceBin, "--span-groups", o.groups, "--metrics-addr", g.metricsAddr}
+	if len(pids) > 0 {
+		argv = append(argv, "--pid", strings.Join(pids, ","))
+	} // else discovery: every Gym process on the host, including later ones
 	switch {
 	case o.otlp != "":
 		argv = append(argv, "--otlp-endpoint", o.otlp)

@@ -366,6 +366,24 @@ type wlOptions struct {
 	Concurrency, Warmup int
 	Idle                time.Duration // idle window before each traced run
 	Log                 *slog.Logger
+	Configs             string // --configs: a filter on row names; "" all
+}
+
+// pick keeps the rows a --configs filter names, and their untraced rows.
+func pick(configs []wlConfig, filter string) []wlConfig {
+	if filter == "" {
+		return configs
+	}
+	keep := map[string]bool{}
+	for _, c := range configs {
+		for _, w := range strings.Split(filter, ",") {
+			if w = strings.TrimSpace(w); w != "" && strings.Contains(c.Name, w) {
+				keep[c.Name] = true
+				keep[baseOf(c)] = true
+			}
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return !keep[c.Name] })
 }
 
 // runWorkload runs every configuration Rounds times, interleaved. Each
@@ -376,7 +394,7 @@ func runWorkload(ctx context.Context, o wlOptions) ([]wlRun, error) {
 		hc *hitCounter
 	}
 	rts := map[string]*rt{}
-	configs := workloadConfigs
+	configs := pick(workloadConfigs, o.Configs)
 	if why := gymRuntimeMissing(); why != "" {
 		o.Log.Warn("the Gym-runtime rows are skipped", "why", why)
 		configs = slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return c.Runtime == runtimeGym })
