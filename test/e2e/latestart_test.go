@@ -4,9 +4,11 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,17 +46,76 @@ func TestLateStarters(t *testing.T) {
 	}
 }
 
-var tracingLine = regexp.MustCompile(`time=(\S+) level=INFO msg=tracing pid=(\d+)`)
+var (
+	tracingLine = regexp.MustCompile(`time=(\S+) level=INFO msg=tracing pid=(\d+)`)
+	interpLine  = regexp.MustCompile(`time=(\S+) level=DEBUG msg="python interpreter found" pid=(\d+)`)
+)
+
+// startedAt is when process pid started, from /proc (10 ms resolution).
+func startedAt(pid int) (time.Time, bool) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return time.Time{}, false
+	}
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 20 {
+		return time.Time{}, false
+	}
+	ticks, _ := strconv.ParseInt(f[19], 10, 64) // field 22: starttime
+	st, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, false
+	}
+	for _, l := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(l, "btime "); ok {
+			bt, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return time.Unix(bt, 0).Add(time.Duration(ticks) * 10 * time.Millisecond), true
+		}
+	}
+	return time.Time{}, false
+}
+
+// sinceStart: from each server's start to when gymtrace traced it and read
+// its interpreter (the last is when its first request gets parents).
+func sinceStart(log string, pids map[string]int) string {
+	at := func(re *regexp.Regexp) map[int]time.Time {
+		out := map[int]time.Time{}
+		for _, m := range re.FindAllStringSubmatch(log, -1) {
+			if t, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+				pid, _ := strconv.Atoi(m[2])
+				out[pid] = t
+			}
+		}
+		return out
+	}
+	traced, read := at(tracingLine), at(interpLine)
+	var parts []string
+	for _, k := range []string{"agent", "model", "resources"} {
+		p := pids[k]
+		st, ok := startedAt(p)
+		if !ok {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s: traced %v, interpreter read %v after start", k,
+			traced[p].Sub(st).Round(time.Millisecond), read[p].Sub(st).Round(time.Millisecond)))
+	}
+	return strings.Join(parts, "; ")
+}
 
 func lateStartRun(t *testing.T, py causalityInterp, launch []string, loop string, run, n, c int) {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "spans.jsonl")
-	gt := startGymtrace(t, gtOpts{groups: "per_rollout", jsonl: out})
+	gt := startGymtrace(t, gtOpts{groups: "per_rollout", jsonl: out, extra: []string{"--log-level", "debug"}})
 	host, inside := py.truthDir(t)
 	args := append(append([]string{}, launch...), "--shell", "--loop", loop, "--http", "httptools",
 		"--warmup", "0", "--truth", filepath.Join(inside, "truth.jsonl"))
 	st := startStack(t, t, args...)
 	answered := time.Now() // launch.py prints its ready line once every server answers
+	pids := map[string]int{}
+	for _, k := range []string{"agent", "model", "resources"} {
+		pids[k] = st.ready.Servers[k].PID
+	}
+	starts := sinceStart(gt.Stderr.String(), pids) // while the servers run
 	sum := st.collect(t, n, c, true)
 	gt.settle(t, 1)
 	gt.shutdown(t)
@@ -85,6 +146,7 @@ func lateStartRun(t *testing.T, py causalityInterp, launch []string, loop string
 	t.Logf("run %d: %d rollouts ok; whole %d/%d, outbound %d, correct %d, wrong %d, unattributed %d (%s); server spans %d/%d, client spans %d/%d; %v",
 		run, sum.OK, sc.RolloutsOneTrace, sc.Rollouts, sc.Outbound, sc.Correct, sc.Wrong, sc.Unattributed, sc.ReasonsString(),
 		sc.ServerSpans, sc.Inbound, sc.ClientSpans, sc.Outbound, leads)
+	t.Logf("run %d, discovery to traced: %s", run, starts)
 	if sc.Rollouts != n || sc.RolloutsOneTrace != n || sc.Wrong != 0 || sc.Correct != sc.Outbound ||
 		sc.ServerSpans != sc.Inbound || sc.ClientSpans != sc.Outbound {
 		t.Errorf("run %d: %d of %d rollouts whole, %d of %d calls right (%d wrong), spans %d/%d server, %d/%d client: "+
