@@ -194,14 +194,21 @@ func (p *pyTargets) tryUVloopLocked(pid int, in *python.Interpreter) bool {
 
 // Pure servers need no write probe: only a process's outbound calls take
 // their parent from the writing task, and a model or resources server
-// usually makes none. After uvServeOnly requests served and none made, the
-// probes come off (one trap less per write of every response); the first
-// outbound request puts them back (that call and the few racing it are
-// unattributed, never wrong).
-const uvServeOnly = 32
+// usually makes none. Once a process has served uvServeOnly requests and
+// made none for uvServeGrace, the probes come off (one trap less per write
+// of every response); the first outbound request puts them back (that call
+// and the few racing it are unattributed, never wrong). The grace period
+// matters: an agent reads a burst of /run requests before the records of
+// its first calls reach userspace, so the counts alone would call it a pure
+// server for a moment (measured: a two-node run at c=64 lost every parent).
+const (
+	uvServeOnly  = 32
+	uvServeGrace = 5 * time.Second
+)
 
 func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
 	detached := false
+	var serving time.Time // since when it has served uvServeOnly and made nothing
 	for {
 		time.Sleep(100 * time.Millisecond)
 		n := p.t.spans.Builder().Counts(pid)
@@ -210,8 +217,14 @@ func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
 			p.mu.Unlock()
 			return
 		}
+		pure := n.Made == 0 && n.Served >= uvServeOnly
+		if !pure {
+			serving = time.Time{}
+		} else if serving.IsZero() {
+			serving = time.Now()
+		}
 		switch {
-		case !detached && n.Made == 0 && n.Served >= uvServeOnly:
+		case !detached && pure && time.Since(serving) >= uvServeGrace:
 			if c, ok := p.uvProbes[pid]; ok {
 				_ = c.Close()
 				delete(p.uvProbes, pid)
