@@ -1,6 +1,7 @@
 // The uvloop write probe: an entry uprobe on UVStream.write and
 // UVStream.writelines of uvloop's extension module, attached per process by
-// internal/python (AttachUVloop) where uvloop defers writes (0.17-0.22).
+// internal/python ((*UVloopModule).AttachWriteProbes) where uvloop defers
+// writes (0.17-0.22.1).
 //
 // Why: those builds only append a small buffer in write(); the loop's check
 // handle flushes it later with write(2)/writev(2), in no task's context, so

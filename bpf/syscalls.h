@@ -390,15 +390,9 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 	d->start_ns = now;
 }
 
-// asyncio causality at a message start (bpf/python.h). Server request: its
-// reader context, and the context that started the connection's previous
-// response, may create the request's handler task (spawners). Server
-// response: remember its context for the next request. Client request: name
-// the inbound request whose handler makes the call. One map lookup and out
-// for processes that are not Python.
-// The asyncio part of gt_py_note, with its locals in per-CPU map memory:
-// on the stack they would put the deepest call chain (TLS reads: the uprobe,
-// gt_process, gt_step, gt_py_note, gt_inject_note) past the 512-byte limit.
+// The asyncio part of gt_py_note, with its outputs and map keys in per-CPU
+// map memory: it runs at the bottom of the syscall and TLS programs' call
+// chains, whose combined stack this kernel's verifier bounds at 512 bytes.
 // drop_only: the context was read at the write's sys_enter
 // (injection); only the uvloop write probe's record of the buffer, if any,
 // is dropped (see gt_py_context_w).
@@ -436,6 +430,12 @@ static __always_inline int gt_py_note_ctx(struct gt_conn *c, struct gt_io *io, i
 	return 0;
 }
 
+// asyncio causality at a message start (bpf/python.h). Server request: its
+// reader context, and the context that started the connection's previous
+// response, may create the request's handler task (spawners). Server
+// response: remember its context for the next request. Client request: name
+// the inbound request whose handler makes the call. One map lookup and out
+// for processes that are not Python.
 __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)

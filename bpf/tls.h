@@ -157,9 +157,10 @@ int gt_tls_rw_entry(struct pt_regs___gttls *ctx)
 	return 0;
 }
 
-// The return probe's struct gt_io, in per-CPU map memory: on its stack,
-// the chain below it (gt_process, gt_step, gt_headers, gt_scan_headers)
-// passes the verifier's 512-byte limit for the combined stack (6.18).
+// The return probe's struct gt_io and call record, in per-CPU map memory:
+// on its stack, the chain below it (gt_process, gt_step, gt_headers,
+// gt_scan_headers) passes the verifier's 512-byte limit for the combined
+// stack (6.18).
 struct gt_tls_ret_scratch {
 	struct gt_io io;
 	struct gt_tls_call call;

@@ -225,20 +225,14 @@ func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
 		}
 		switch {
 		case !detached && pure && time.Since(serving) >= uvServeGrace:
-			if c, ok := p.uvProbes[pid]; ok {
-				_ = c.Close()
-				delete(p.uvProbes, pid)
-				_ = p.t.kern.SetPython(pid, in.Params) // without FlagUVWrite
+			if _, ok := p.uvProbes[pid]; ok {
+				p.detachUVLocked(pid) // the layout goes back without FlagUVWrite
 				detached = true
 				p.t.log.Debug("uvloop write probes off: the process only serves", "pid", pid, "served", n.Served)
 			}
 		case detached && n.Made > 0:
-			p.mu.Unlock()
 			p.t.log.Debug("uvloop write probes back: the process calls out", "pid", pid)
-			p.mu.Lock()
-			if p.interp[pid] == in && p.want {
-				p.tryUVloopLocked(pid, in) // starts a new watcher
-			}
+			p.tryUVloopLocked(pid, in) // starts a new watcher
 			p.mu.Unlock()
 			return
 		}

@@ -106,9 +106,9 @@ func (in *Interpreter) attachContextNew(ex *link.Executable, copyRet *ebpf.Progr
 	if !cheap {
 		return nil, fmt.Errorf("PyContext_Type.tp_new at %#x starts with an instruction the kernel single-steps", vaddr)
 	}
-	foff, err := FileOffset(in.ELFPath, vaddr)
+	foff, err := fileOffset(f, vaddr)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("PyContext_Type.tp_new %#x in %s: %w", vaddr, in.MappedPath, err)
 	}
 	return ex.Uretprobe("context_tp_new", copyRet, &link.UprobeOptions{PID: in.PID, Address: foff, Offset: off})
 }

@@ -41,6 +41,8 @@ type UVloopSite struct {
 	Offset uint64 // bytes from Vaddr to the probed instruction (past endbr64)
 	Flags  uint32 // PyMethodDef.ml_flags (METH_O, or METH_FASTCALL|METH_KEYWORDS)
 	Cheap  bool   // the probed instruction is one the kernel emulates
+	// FileOff is Vaddr as a file offset, which uprobes take.
+	FileOff uint64
 }
 
 // UVloopModule is a uvloop extension module mapped by a process.
@@ -55,7 +57,6 @@ type UVloopModule struct {
 const (
 	methVarargs  = 0x1
 	methKeywords = 0x2
-	methNoargs   = 0x4
 	methO        = 0x8
 	methFastcall = 0x80
 	methMethod   = 0x200
@@ -67,19 +68,20 @@ const (
 	UVConvO = 1
 	// UVConvFastcall: METH_FASTCALL[|METH_KEYWORDS], args[0] is the buffer.
 	UVConvFastcall = 2
-	// UVConvMethod: METH_METHOD|METH_FASTCALL|METH_KEYWORDS (Cython cpdef
-	// on 3.9+: self, defining class, args, nargs, kwnames).
-	UVConvMethod = 3
 	// UVWriteLines: the argument is a sequence of buffers; the first counts.
 	UVWriteLines = 1 << 8
 )
 
-// Cookie is the value the write probe gets from bpf_get_attach_cookie.
+// Cookie is the value the write probe gets from bpf_get_attach_cookie. A
+// convention bpf/python_uvloop.h does not read is an error, so such a build
+// is reported as not recognised instead of probed for nothing.
 func (s UVloopSite) Cookie() (uint64, error) {
 	var c uint64
 	switch {
-	case s.Flags&(methMethod|methFastcall) == methMethod|methFastcall:
-		c = UVConvMethod
+	case s.Flags&methMethod != 0:
+		// METH_METHOD (Cython cpdef: self, defining class, args, ...):
+		// the buffer is in another register.
+		return 0, fmt.Errorf("UVStream.%s has calling convention %#x (METH_METHOD), which the probe does not read", s.Name, s.Flags)
 	case s.Flags&methFastcall != 0:
 		c = UVConvFastcall
 	case s.Flags&methO != 0:
@@ -223,6 +225,9 @@ func InspectUVloop(path string) (*UVloopModule, error) {
 		if err != nil {
 			return nil, err
 		}
+		if s.FileOff, err = fileOffset(f, fn); err != nil {
+			return nil, err
+		}
 		m.Sites = append(m.Sites, s)
 	}
 	names := map[string]bool{}
@@ -325,20 +330,15 @@ func entryOffset(f *elf.File, vaddr uint64) (uint64, bool, error) {
 	return off, isPush(code), nil
 }
 
-// FileOffset converts a virtual address of the module to a file offset, as
-// uprobes want it.
-func FileOffset(path string, vaddr uint64) (uint64, error) {
-	f, err := elf.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
+// fileOffset converts a virtual address of an executable segment of f to a
+// file offset, as uprobes want it.
+func fileOffset(f *elf.File, vaddr uint64) (uint64, error) {
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && vaddr >= p.Vaddr && vaddr < p.Vaddr+p.Filesz {
 			return vaddr - p.Vaddr + p.Off, nil
 		}
 	}
-	return 0, fmt.Errorf("address %#x is in no executable segment of %s", vaddr, path)
+	return 0, fmt.Errorf("address %#x is in no executable segment", vaddr)
 }
 
 // deferredWrites: uvloop up to 0.22.1 buffers small writes until the loop's
@@ -382,13 +382,8 @@ func (m *UVloopModule) AttachWriteProbes(pid int, prog *ebpf.Program) (io.Closer
 			return nil, fmt.Errorf("UVStream.%s in %s starts with an instruction the kernel would single-step "+
 				"(about 20 µs a write); not probing it", s.Name, m.Path)
 		}
-		off, err := FileOffset(m.ELFPath, s.Vaddr)
-		if err != nil {
-			_ = p.Close()
-			return nil, err
-		}
 		l, err := ex.Uprobe("UVStream."+s.Name, prog, &link.UprobeOptions{
-			PID: pid, Address: off, Offset: s.Offset, Cookie: cookie})
+			PID: pid, Address: s.FileOff, Offset: s.Offset, Cookie: cookie})
 		if err != nil {
 			_ = p.Close()
 			return nil, fmt.Errorf("attaching a uprobe to UVStream.%s in %s of process %d: %w", s.Name, m.Path, pid, err)

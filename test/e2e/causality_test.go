@@ -37,22 +37,16 @@ const stackImports = "fastapi, uvicorn, aiohttp, yaml, itsdangerous, httptools, 
 // chrootPy is a Debian root made by test/python/make-root.sh (scripts/setup
 // makes both): its Python runs the stack under chroot.
 type chrootPy struct {
-	suite, version string // "trixie", "3.13"
-	root, python   string
-	once           sync.Once
-	dir            string // test/stack inside the root, as the chroot sees it
-	err            error
+	suite        string // "trixie"
+	root, python string
+	once         sync.Once
+	dir          string // test/stack inside the root, as the chroot sees it
+	err          error
 }
 
 var (
-	trixie = &chrootPy{suite: "trixie", version: "3.13", root: "/var/tmp/gymtrace-trixie", python: "/usr/bin/python3.13"}
-	sid    = &chrootPy{suite: "sid", version: "3.14", root: "/var/tmp/gymtrace-sid", python: "/usr/bin/python3.14"}
-)
-
-// Kept for the other tests that run the trixie root.
-const (
-	trixieRoot   = "/var/tmp/gymtrace-trixie"
-	trixiePython = "/usr/bin/python3.13"
+	trixie = &chrootPy{suite: "trixie", root: "/var/tmp/gymtrace-trixie", python: "/usr/bin/python3.13"}
+	sid    = &chrootPy{suite: "sid", root: "/var/tmp/gymtrace-sid", python: "/usr/bin/python3.14"}
 )
 
 // missing says why the root cannot run the stack, "" when it can.
@@ -69,8 +63,6 @@ func (r *chrootPy) missing() string {
 	}
 	return ""
 }
-
-func trixieMissing() string { return trixie.missing() }
 
 func lastLine(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
@@ -96,8 +88,6 @@ func (r *chrootPy) stackDir() (string, error) {
 	return r.dir, r.err
 }
 
-func trixieStackDir() (string, error) { return trixie.stackDir() }
-
 // truthDir is a directory the chrooted servers can write and the test can
 // read: the same directory under two names.
 func (r *chrootPy) truthDir(t *testing.T) (host, inside string) {
@@ -109,8 +99,6 @@ func (r *chrootPy) truthDir(t *testing.T) (host, inside string) {
 	t.Cleanup(func() { os.RemoveAll(host) })
 	return host, "/" + strings.TrimPrefix(host, r.root+"/")
 }
-
-func trixieTruthDir(t *testing.T) (host, inside string) { return trixie.truthDir(t) }
 
 // causalityInterp is one interpreter the stack runs on.
 type causalityInterp struct {
