@@ -417,7 +417,7 @@ static __always_inline int gt_inject_enter_target(__u64 id, int kind, __u64 a0, 
 	}
 	if (!ports) {
 		struct gt_tuple t = {};
-		if (!gt_fd_tcp_tuple(fd, &t))
+		if (!gt_fd_tcp_tuple(fd, &t, 0))
 			return 0;
 		ports = (__u32)t.lport << 16 | t.rport;
 	}

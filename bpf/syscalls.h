@@ -491,6 +491,8 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	ev->rollout.attempt = -1;
 	if (!c->started)
 		ev->flags |= GT_F_RESYNC;
+	if (c->fresh)
+		ev->flags |= GT_F_FRESH;
 	c->msg_ubuf = ubuf;
 	if (!(gt_prof_skip & 4))
 		gt_py_note(c, io);
@@ -878,7 +880,7 @@ static __always_inline void gt_conn_check_gen(struct gt_conn *c, __u32 gen)
 		c->dir[1].phase = GT_PH_SKIP;
 }
 
-static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create)
+static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create, long ret)
 {
 	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
 	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
@@ -894,8 +896,12 @@ static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create)
 	struct gt_conn *t = &sc->conn;
 	__builtin_memset(t, 0, sizeof(*t));
 	t->cfg_gen = io->cfg_gen;
-	if (gt_fd_tcp_tuple(io->fd, &t->tuple)) {
+	struct sock *sk = 0;
+	if (gt_fd_tcp_tuple(io->fd, &t->tuple, &sk)) {
 		t->kind = GT_CONN_HTTP;
+		t->fresh = sk && gt_conn_fresh(sk, io->dir, ret);
+		if (t->fresh)
+			gt_stat_add(GT_STAT_FRESH, 1);
 		t->conn_id = __sync_fetch_and_add(&gt_next_conn_id, 1) + 1;
 	} else {
 		t->kind = GT_CONN_IGNORE;
@@ -944,7 +950,7 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	if (ret <= 0) {
 		if (ret == -GT_EAGAIN || ret == -GT_EINTR || ret == -GT_EINPROGRESS)
 			return 0;
-		struct gt_conn *c = gt_conn_get(&io, 0);
+		struct gt_conn *c = gt_conn_get(&io, 0, 0);
 		if (!c || c->kind != GT_CONN_HTTP)
 			return 0;
 		if (ret == 0 && dir == 0) {
@@ -966,7 +972,7 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	}
 
 	__u64 t0 = gt_prof_begin();
-	struct gt_conn *c = gt_conn_get(&io, 1);
+	struct gt_conn *c = gt_conn_get(&io, 1, ret);
 	gt_prof_end(GT_PROF_CONN, t0);
 	if (!c || c->kind != GT_CONN_HTTP)
 		return 0;

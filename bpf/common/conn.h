@@ -75,7 +75,8 @@ struct gt_conn {
 	__u8 carry_len;
 	__u8 carry_dir;
 	__u8 served_noted; // bpf/inject.h: this server connection's process is in gt_inject_serving
-	__u8 _pad3[5];
+	__u8 fresh; // seen from the stream's first byte (gt_conn_fresh): requests carry GT_F_FRESH
+	__u8 _pad3[4];
 	__u8 carry[GT_CARRY];
 	__u16 resp_status;
 	__u16 resp_flags;

@@ -85,6 +85,8 @@ enum gt_event_flag {
 	GT_F_KERNEL_TRACE = 1 << 13,   // (server requests) the kernel started a trace for this request and
 				       // published it for injection: traceparent[0:16] is its raw trace id,
 				       // traceparent[16] its sampled bit (bpf/inject.h, gt_inject_root)
+	GT_F_FRESH = 1 << 14,          // (requests) gymtrace saw this connection from its first byte in this
+				       // direction (gt_conn_fresh): both ends' requests on it pair in order
 };
 
 // Statistics slots of the per-CPU counter array gt_stats.
@@ -104,6 +106,7 @@ enum gt_stat {
 	GT_STAT_TLS_LINKED = 42,   // SSL objects linked to their socket
 	GT_STAT_UNSAMPLED = 43,    // inbound requests whose traceparent says not sampled: nothing copied out
 	GT_STAT_SCAN_REUSED = 44,  // request heads parsed from injection's scan at sys_enter, not read again
+	GT_STAT_FRESH = 45,        // connections followed from their first byte (GT_F_FRESH)
 	GT_STAT_MAX = 48,
 };
 

@@ -76,6 +76,17 @@ struct sock {
 	__u16 sk_protocol;
 };
 
+// Stream positions of a TCP socket (gt_conn_fresh). CO-RE finds the fields
+// inside the running kernel's struct tcp_sock; a struct sock * is cast to it.
+struct tcp_sock {
+	__u64 bytes_received; // data bytes received in order
+	__u64 bytes_acked;    // data bytes the peer acknowledged
+	__u32 rcv_nxt;
+	__u32 copied_seq;
+	__u32 snd_una;
+	__u32 write_seq;
+};
+
 struct socket {
 	short type;
 	struct sock *sk;

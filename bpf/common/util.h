@@ -122,10 +122,10 @@ static __always_inline void gt_mapped_v4(__u8 out[16], __be32 addr)
 }
 
 // Walk current->files to the socket behind fd. Returns 1 and fills the tuple
-// for a TCP socket of AF_INET/AF_INET6, 0 for anything else. This runs once per
-// connection (the answer is cached in gt_conns), including connections that
-// existed before gymtrace attached.
-static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t)
+// (and *skp, when skp is not null) for a TCP socket of AF_INET/AF_INET6, 0
+// for anything else. This runs once per connection (the answer is cached in
+// gt_conns), including connections that existed before gymtrace attached.
+static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t, struct sock **skp)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct files_struct *files = BPF_CORE_READ(task, files);
@@ -160,5 +160,26 @@ static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t)
 	} else {
 		return 0;
 	}
+	if (skp)
+		*skp = sk;
 	return 1;
+}
+
+// gt_conn_fresh reports whether the syscall that just moved n bytes in
+// direction dir (0 read, 1 write) moved the first bytes of the stream in that
+// direction: then gymtrace follows the connection from its first byte, and
+// the requests both ends see on it are the same ones, in the same order.
+// Read: the bytes the program has consumed in all (received in order, minus
+// those still queued) are these n; the FIN, when it arrived, counts one in
+// rcv_nxt. Write: acknowledged plus unacknowledged bytes are these n; an
+// active opener's count may include its SYN's one.
+static __always_inline int gt_conn_fresh(struct sock *sk, int dir, long n)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	__u64 total;
+	if (dir == 0)
+		total = BPF_CORE_READ(tp, bytes_received) - (__u32)(BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq));
+	else
+		total = BPF_CORE_READ(tp, bytes_acked) + (__u32)(BPF_CORE_READ(tp, write_seq) - BPF_CORE_READ(tp, snd_una));
+	return total + 1 >= (__u64)n && total <= (__u64)n + 1;
 }

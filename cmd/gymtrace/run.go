@@ -232,7 +232,7 @@ func runTracerTo(ctx context.Context, cfg *config.Config, log *slog.Logger, term
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(5 * time.Second)
+		tick := time.NewTicker(time.Second) // also releases spans held for a role (internal/spans/roles.go)
 		defer tick.Stop()
 		clock, err := http.NewClock()
 		if err != nil {
@@ -568,6 +568,7 @@ func (t *tracer) metricSources() metrics.Sources {
 				"skipped_bytes": st[loader.StatSkippedBytes],
 				"unsampled":     st[loader.StatUnsampled],
 				"scan_reused":   st[loader.StatScanReused], // client request heads not read twice (injection's scan)
+				"fresh_conns":   st[loader.StatFresh],      // connections followed from their first byte: joined by order
 				"tls_calls":     st[loader.StatTLSCalls],   // OpenSSL probe runs in targets
 				"tls_events":    st[loader.StatTLSEvents],  // records from TLS plaintext
 				"tls_linked":    st[loader.StatTLSLinked],  // SSL objects tied to their socket
@@ -585,8 +586,12 @@ func (t *tracer) metricSources() metrics.Sources {
 		},
 		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
 		ParentNoContext:  func() uint64 { return t.spans.Builder().Stats().ParentNoContext },
-		Export:           func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
-		TargetsAttached:  t.targetCount,
-		Injection:        t.injState.get,
+		Roles: func() metrics.RoleStats {
+			st := t.spans.Builder().Stats()
+			return metrics.RoleStats{Inferred: st.RoleInferred, Held: st.Held, Undecided: st.RoleUndecided, GymUnresolved: st.GymSpanUnresolved}
+		},
+		Export:          func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
+		TargetsAttached: t.targetCount,
+		Injection:       t.injState.get,
 	}
 }

@@ -81,7 +81,8 @@ type bpfGtConn struct {
 	CarryLen    uint8
 	CarryDir    uint8
 	ServedNoted uint8
-	Pad3        [5]uint8
+	Fresh       uint8
+	Pad3        [4]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -156,6 +157,7 @@ const (
 	bpfGtEventFlagGT_F_TLS            bpfGtEventFlag = 2048
 	bpfGtEventFlagGT_F_INJECTED       bpfGtEventFlag = 4096
 	bpfGtEventFlagGT_F_KERNEL_TRACE   bpfGtEventFlag = 8192
+	bpfGtEventFlagGT_F_FRESH          bpfGtEventFlag = 16384
 )
 
 type bpfGtEventKind uint32
@@ -479,6 +481,7 @@ const (
 	bpfGtStatGT_STAT_TLS_LINKED    bpfGtStat = 42
 	bpfGtStatGT_STAT_UNSAMPLED     bpfGtStat = 43
 	bpfGtStatGT_STAT_SCAN_REUSED   bpfGtStat = 44
+	bpfGtStatGT_STAT_FRESH         bpfGtStat = 45
 	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
 )
 

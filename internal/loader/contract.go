@@ -108,6 +108,9 @@ const (
 	FlagHdrTruncated  = uint16(bpfGtEventFlagGT_F_HDR_TRUNCATED)
 	FlagBodyUnknown   = uint16(bpfGtEventFlagGT_F_BODY_UNKNOWN)
 	FlagTLS           = uint16(bpfGtEventFlagGT_F_TLS) // plaintext seen through the TLS library: https
+	// FlagFresh (requests): the kernel followed the connection from the
+	// first byte in this direction, so both ends' requests pair in order.
+	FlagFresh = uint16(bpfGtEventFlagGT_F_FRESH)
 )
 
 // Statistics slots in the per-CPU gt_stats array.
@@ -124,6 +127,7 @@ const (
 	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
 	StatUnsampled    = uint32(bpfGtStatGT_STAT_UNSAMPLED)
 	StatScanReused   = uint32(bpfGtStatGT_STAT_SCAN_REUSED)
+	StatFresh        = uint32(bpfGtStatGT_STAT_FRESH)      // connections followed from their first byte
 	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)  // TLS probe runs in targets
 	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS) // records emitted from TLS plaintext
 	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED) // SSL objects linked to their socket

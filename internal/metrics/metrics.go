@@ -33,6 +33,14 @@ type ExportStats struct {
 	QueueCap int
 }
 
+// RoleStats are the role-inference counters.
+type RoleStats struct {
+	Inferred      uint64 // processes whose role their traffic decided
+	Held          uint64 // spans held until their process's role was decided
+	Undecided     uint64 // server and gym.* spans named by route shape: no role within the bound
+	GymUnresolved uint64 // gym.* spans not made: role unknown on a route several kinds serve
+}
+
 // Sources are the providers read at each scrape. A nil field is not exported.
 // Each must be cheap and safe to call from the HTTP server's goroutine.
 type Sources struct {
@@ -55,7 +63,10 @@ type Sources struct {
 	// ParentNoContext counts those of them made by a process whose asyncio
 	// context cannot be read (an unrecognised uvloop build).
 	ParentNoContext func() uint64
-	Export          func() ExportStats
+	// Roles are the processes whose role was inferred from their traffic,
+	// and what waiting for it did to their spans (internal/spans/roles.go).
+	Roles  func() RoleStats
+	Export func() ExportStats
 	// TargetsAttached is the number of processes being traced now.
 	TargetsAttached func() int
 	// Injection is whether traceparent injection is on, and why it is off
@@ -205,6 +216,15 @@ var (
 	descNoContext = prometheus.NewDesc("gymtrace_parent_no_context_total",
 		"Client spans left without a parent because their process's asyncio context cannot be read "+
 			"(an unrecognised uvloop build; gymtrace.parent.unresolved=uvloop_unrecognized).", nil, nil)
+	descRolesInferred = prometheus.NewDesc("gymtrace_roles_inferred_total",
+		"Processes whose Gym role was inferred from their traffic (no config, no Gym environment).", nil, nil)
+	descRoleHeld = prometheus.NewDesc("gymtrace_role_held_spans_total",
+		"Spans held until their process's role was decided, so that all its spans are named the same way.", nil, nil)
+	descRoleUndecided = prometheus.NewDesc("gymtrace_role_undecided_spans_total",
+		"Server spans named by route shape alone: their process's role was not decided within the hold bound "+
+			"(3 s or 256 spans). Give the role with --pid PID=ROLE.", nil, nil)
+	descGymUnresolved = prometheus.NewDesc("gymtrace_gym_span_unresolved_total",
+		"gym.* spans not made because the process's role is unknown and several kinds of server share the route.", nil, nil)
 	descExported = prometheus.NewDesc("gymtrace_spans_exported_total",
 		"Spans the exporter accepted.", nil, nil)
 	descFailed = prometheus.NewDesc("gymtrace_spans_export_failed_total",
@@ -229,7 +249,7 @@ type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descBuilt,
-		descUnresolved, descNoContext, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject, descReady} {
+		descUnresolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject, descReady} {
 		ch <- d
 	}
 }
@@ -260,6 +280,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRecords, src.RecordsRead)
 	counter(descUnresolved, src.ParentUnresolved)
 	counter(descNoContext, src.ParentNoContext)
+	if src.Roles != nil {
+		r := src.Roles()
+		for d, v := range map[*prometheus.Desc]uint64{descRolesInferred: r.Inferred, descRoleHeld: r.Held,
+			descRoleUndecided: r.Undecided, descGymUnresolved: r.GymUnresolved} {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+		}
+	}
 	if src.Export != nil {
 		s := src.Export()
 		ch <- prometheus.MustNewConstMetric(descExported, prometheus.CounterValue, float64(s.Exported))

@@ -84,6 +84,9 @@ type Stats struct {
 	KernelTraceDisagreed uint64               // kernel-started traces whose sampled bit the sampler did not confirm (published again)
 	BadTraceparent       uint64               // traceparent headers that failed validation (ignored)
 	GymSpanUnresolved    uint64               // gym.* spans not made: the process's role is unknown and the route is shared
+	RoleInferred         uint64               // processes whose role was inferred from their traffic (roles.go)
+	Held                 uint64               // spans held until their process's role was decided
+	RoleUndecided        uint64               // server and gym.* spans named by route shape alone: the role was not decided within the hold bound
 	UnknownSide          uint64
 	OpenServer           int // inbound exchanges in flight
 	OpenClient           int // outbound exchanges in flight
@@ -106,6 +109,9 @@ type node struct {
 	// root only: the trace id was handed to the kernel for injection, so
 	// it may be on the wire; it is never replaced by another one.
 	published bool
+	// alias: a provisional gym.* span its process's role decided away; it
+	// is not returned, and its children hang under its parent.
+	alias bool
 }
 
 func (n *node) root() *node {
@@ -116,10 +122,17 @@ func (n *node) root() *node {
 }
 
 func (n *node) parentID() trace.SpanID {
-	if n.parent != nil {
-		return n.parent.id
+	p := n.parent
+	if p == nil {
+		return n.remote
 	}
-	return n.remote
+	for depth := 0; p.alias && depth < 8; depth++ {
+		if p.parent == nil {
+			return p.remote
+		}
+		p = p.parent
+	}
+	return p.id
 }
 
 // inbound is a request a traced process is serving.
@@ -129,6 +142,8 @@ type inbound struct {
 	ri       routeInfo
 	server   *node     // SERVER span, nil when the server group is off
 	gym      *node     // gym.* span, nil when none or its group is off
+	gymProv  bool        // gym is provisional: the process's role decides its name (roles.go)
+	gymCands groups.Mask // ... among these groups
 	via      *outbound // the client request on this node that sent it
 	rollout  string
 	idx      int // position in Builder.inflight[pid]
@@ -191,6 +206,11 @@ type Builder struct {
 	jobIDs   map[uint32]jobIDs
 	noCtx    map[uint32]string // pid -> why its calls cannot name their request (SetNoContext)
 	counts   map[uint32]*ReqCounts
+	// Roles by behaviour (roles.go).
+	held      map[uint32]*holdQueue
+	gaveUp    map[uint32]bool
+	roleProcs map[uint32]*roleProc
+	injected  map[trace.SpanID]*outbound // open CLIENT spans whose id is on the wire
 }
 
 // ReqCounts are the HTTP requests a process served and made since it was
@@ -253,6 +273,7 @@ func (b *Builder) Mask() groups.Mask { return groups.Mask(b.mask.Load()) }
 func (b *Builder) Take() []Span {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.expireHolds()
 	out := b.out
 	b.out = nil
 	return out
@@ -290,6 +311,10 @@ func (b *Builder) InferredRole(pid int) groups.Role {
 func (b *Builder) ForgetProcess(pid int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// Spans still waiting for its role are named by route shape.
+	b.release(uint32(pid), groups.RoleUnknown)
+	delete(b.gaveUp, uint32(pid))
+	delete(b.roleProcs, uint32(pid))
 	delete(b.inferred, uint32(pid))
 	delete(b.procs, uint32(pid))
 	delete(b.jobIDs, uint32(pid))
@@ -353,7 +378,7 @@ func (b *Builder) publish(in *inbound) {
 		return
 	}
 	n := in.gym
-	if n == nil {
+	if n == nil || n.alias {
 		n = in.server
 	}
 	if n == nil {
@@ -472,6 +497,9 @@ func (b *Builder) Flush() []Span {
 		b.finish(x)
 	}
 	b.flushLifecycle(now)
+	for pid := range b.held {
+		b.release(pid, groups.RoleUnknown)
+	}
 	b.mu.Unlock()
 	return b.Take()
 }
@@ -505,19 +533,10 @@ func (b *Builder) role(p *discover.Process, x *http.Exchange) groups.Role {
 func (b *Builder) startServer(x *http.Exchange) {
 	mask := b.Mask()
 	in := &inbound{x: x, proc: b.process(x.PID)}
-	role := b.role(in.proc, x)
-	if role == groups.RoleUnknown {
+	if b.role(in.proc, x) == groups.RoleUnknown {
 		if r := inferRole(x.Method, x.Path); r != groups.RoleUnknown {
-			b.inferred[x.PID] = r
-			role = r
-			if fp := b.procs[x.PID]; fp == in.proc {
-				fp.Role = uint8(r)
-			}
+			b.decideRole(x.PID, in.proc, r, "serves "+x.Path)
 		}
-	}
-	in.ri = classify(role, x.Method, x.Path)
-	if in.ri.ambiguous&mask != 0 {
-		b.st.GymSpanUnresolved++
 	}
 	tp, tpOK := b.traceparent(x)
 	in.hasTP, in.tp = tpOK, tp
@@ -525,6 +544,12 @@ func (b *Builder) startServer(x *http.Exchange) {
 	// The connection join is kept even when no span uses it: rollout ids and
 	// nesting follow it.
 	b.joinServer(tupleKey{client: x.Remote, server: x.Local}, in)
+	b.inferFromCaller(in)
+	in.ri = classify(b.role(in.proc, x), x.Method, x.Path)
+	provisional := b.provisionalGym(in, mask)
+	if in.ri.ambiguous&mask != 0 && !provisional {
+		b.st.GymSpanUnresolved++
+	}
 
 	if mask.Has(groups.Server) {
 		in.server = b.newNode()
@@ -539,7 +564,7 @@ func (b *Builder) startServer(x *http.Exchange) {
 			b.setRequestRoot(in.server, x)
 		}
 	}
-	if in.ri.gymSpan != "" && mask.Has(in.ri.gymGroup) {
+	if provisional || in.ri.gymSpan != "" && mask.Has(in.ri.gymGroup) {
 		in.gym = b.newNode()
 		switch {
 		case in.server != nil:
@@ -586,6 +611,7 @@ func (b *Builder) startClient(x *http.Exchange) {
 	}
 	// A collector's calls belong to its run, not to a request it happens to
 	// be serving (gym eval run serves the head server in-process).
+	b.inferFromCall(x, out.proc)
 	job := b.jobParent(x, out.proc, mask)
 	if job != nil {
 		b.bindJob(x.PID, job)
@@ -615,6 +641,7 @@ func (b *Builder) startClient(x *http.Exchange) {
 		}
 		if injected {
 			b.adoptInjected(n, tp, out)
+			b.noteInjected(n.id, out)
 		}
 		out.client = n
 	}
@@ -730,9 +757,22 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 }
 
 // joinSlack absorbs the order in which the two ends' syscalls return: both
-// timestamps are taken at syscall exit, so the reader's read can return a
-// few tens of microseconds before the writer's write does.
+// timestamps are taken at syscall exit, so the reader's read can return
+// before the writer's write does: by tens of microseconds usually, by
+// milliseconds when the woken reader preempts the writer on a busy machine.
+// The timing test is only a guard for connections picked up mid-stream
+// (inOrder).
 const joinSlack = uint64(2 * time.Millisecond)
+
+// inOrder reports whether client request c and server request s come from a
+// connection the kernel followed from its first byte on both ends
+// (loader.FlagFresh): then each end's k-th request is the other's k-th, in
+// the queue's order, and no timestamp can contradict that. (HTTP/1.1 clients
+// write request k+1 after reading response k, and both ends' exchange k has
+// left the queue by then, so a lost record does not shift the pairing.)
+func inOrder(c, s *http.Exchange) bool {
+	return c.ReqFlags&s.ReqFlags&loader.FlagFresh != 0
+}
 
 func (b *Builder) joinServer(k tupleKey, in *inbound) {
 	q := b.tuples[k]
@@ -741,7 +781,7 @@ func (b *Builder) joinServer(k tupleKey, in *inbound) {
 			c := q.clients[0]
 			// A client that started writing after this request was fully
 			// read cannot have sent it: leave it for the next request.
-			if c.x.ReqStart > in.x.ReqEnd+joinSlack {
+			if c.x.ReqStart > in.x.ReqEnd+joinSlack && !inOrder(c.x, in.x) {
 				break
 			}
 			q.clients[0] = nil
@@ -769,7 +809,7 @@ func (b *Builder) joinClient(k tupleKey, out *outbound) {
 			s.waiting = false
 			// A server request fully read before this client began writing
 			// was sent by an earlier, unseen client request.
-			if s.x.ReqEnd+joinSlack < out.x.ReqStart {
+			if s.x.ReqEnd+joinSlack < out.x.ReqStart && !inOrder(out.x, s.x) {
 				continue
 			}
 			b.lateJoin(s, out)
@@ -791,6 +831,7 @@ func (b *Builder) lateJoin(s *inbound, out *outbound) {
 	if s.rollout == "" {
 		s.rollout = out.rollout
 	}
+	b.inferFromCaller(s)
 	if s.server == nil || s.hasTP || out.client == nil || s.server.parent != nil || s.server.frozen {
 		return
 	}
@@ -919,11 +960,14 @@ func (b *Builder) finishServer(in *inbound) {
 		}
 	}
 	status, msg, errType := serverStatus(x)
+	// While the process's role is undecided its spans are held, and named
+	// again when it is (roles.go).
+	var rc *reclass
+	if b.undecided(in.proc, x.Role) {
+		rc = &reclass{method: x.Method, path: x.Path, cands: in.gymCands}
+	}
 	if in.server != nil {
-		name := x.Method + " " + in.ri.route
-		if x.Method == "_OTHER" {
-			name = "HTTP " + in.ri.route
-		}
+		name := serverSpanName(x.Method, in.ri.route)
 		attrs := make([]attribute.KeyValue, 0, 14)
 		attrs = append(attrs,
 			attribute.String("http.request.method", x.Method),
@@ -940,11 +984,15 @@ func (b *Builder) finishServer(in *inbound) {
 		if errType != "" {
 			attrs = append(attrs, attribute.String("error.type", errType))
 		}
-		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, attrs, status, msg, in.proc)
+		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, attrs, status, msg, in.proc, rc, nil)
 	}
-	if in.gym != nil {
+	if in.gym != nil && !in.gym.alias {
 		attrs := b.appendGym(make([]attribute.KeyValue, 0, 3), in.proc, in.rollout)
-		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, attrs, status, msg, in.proc)
+		var gymRC *reclass
+		if in.gymProv {
+			gymRC = rc
+		}
+		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, attrs, status, msg, in.proc, nil, gymRC)
 	}
 }
 
@@ -959,6 +1007,9 @@ func (b *Builder) finishClient(out *outbound) {
 	}
 	if out.client == nil {
 		return
+	}
+	if b.injected[out.client.id] == out {
+		delete(b.injected, out.client.id)
 	}
 	host, port := serverAuthority(x)
 	attrs := make([]attribute.KeyValue, 0, 10)
@@ -990,7 +1041,7 @@ func (b *Builder) finishClient(out *outbound) {
 	if x.Method == "_OTHER" {
 		name = "HTTP"
 	}
-	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, attrs, status, msg, out.proc)
+	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, attrs, status, msg, out.proc, nil, nil)
 }
 
 // scheme is "https" when the kernel read the exchange as TLS plaintext
@@ -1101,19 +1152,26 @@ func validHost(h string) bool {
 }
 
 func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange,
-	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process) {
+	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass) {
 	end := x.RespEnd
 	if end < x.ReqStart {
 		end = max(x.ReqEnd, x.ReqStart)
 	}
 	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
-	b.emitSpan(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p)
+	b.emitHeld(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p, x.Role, server, gym)
 }
 
 // emitSpan returns one finished span (start and end are kernel monotonic ns)
 // unless its trace is not sampled.
 func (b *Builder) emitSpan(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
 	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process) {
+	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, loader.RoleUnknown, nil, nil)
+}
+
+// emitHeld is emitSpan for a span its process's role may rename (put).
+func (b *Builder) emitHeld(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
+	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process,
+	xRole uint8, server, gym *reclass) {
 	if truncated {
 		attrs = append(attrs, attribute.Bool("nemo.span.truncated", true))
 		b.st.Truncated++
@@ -1127,13 +1185,10 @@ func (b *Builder) emitSpan(n *node, name string, kind trace.SpanKind, g groups.G
 	if end < start {
 		end = start
 	}
-	b.st.Spans[g]++
-	b.out = append(b.out, Span{
+	b.put(Span{
 		Name:      name,
 		Kind:      kind,
-		TraceID:   r.traceID,
 		SpanID:    n.id,
-		Parent:    n.parentID(),
 		Sampled:   true,
 		Start:     b.opt.Clock.Wall(start),
 		End:       b.opt.Clock.Wall(end),
@@ -1142,5 +1197,5 @@ func (b *Builder) emitSpan(n *node, name string, kind trace.SpanKind, g groups.G
 		StatusMsg: msg,
 		Group:     g.Name(),
 		Proc:      p,
-	})
+	}, n, g, xRole, server, gym)
 }

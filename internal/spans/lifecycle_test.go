@@ -375,9 +375,12 @@ func TestJobStartsAtEntryPointExec(t *testing.T) {
 }
 
 func TestNoJobForOtherProcesses(t *testing.T) {
-	// A POST /run from a process that is not a collector (role unknown, no
-	// entry-point exec): no job, even with the job group on.
+	// A POST /run from a process whose role is known and is not the
+	// collector's (config and Gym's env win over traffic): no job, even with
+	// the job group on. (A process of unknown role that sends /run is the
+	// collector: TestOrchestratorByBehaviour.)
 	s := newSim(t, "default")
+	s.procs[pidCollector] = &discover.Process{PID: pidCollector, Role: loader.RoleResources, ServerName: "weather"}
 	s.traced[pidCollector] = true
 	s.proc(loader.EvProcExec, pidCollector, 0, withComm("python3"))
 	c := s.dial(pidCollector, pidAgent, agentAddr)

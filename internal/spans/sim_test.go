@@ -33,6 +33,7 @@ type sim struct {
 	b       *Builder
 	spans   []Span
 	lateCli bool     // deliver the client's REQUEST after the server's
+	cliLag  uint64   // with lateCli: the client's write returns this much after the server's read
 	rec     [][]byte // when recording, records are kept here instead of processed
 	record  bool
 }
@@ -118,6 +119,8 @@ func withRollout(task, idx, attempt int32) reqOpt {
 	}
 }
 
+func withFlags(f uint16) reqOpt { return func(ev *loader.HTTPEvent) { ev.Flags |= f } }
+
 func withCtx(ctx uint64) reqOpt { return func(ev *loader.HTTPEvent) { ev.PyCtx = ctx } }
 
 func (s *sim) event(kind, side uint8, pid uint32, conn uint64, local, remote netip.AddrPort) *loader.HTTPEvent {
@@ -191,6 +194,12 @@ func (c *simConn) request(method uint8, path string, opts ...reqOpt) *call {
 		}
 	}
 	if s.lateCli {
+		if cli != nil && s.cliLag != 0 {
+			// The woken reader ran first: the writer's syscall exit (its
+			// timestamp) comes after the reader has read the whole request.
+			cli.StartNs, cli.EndNs = srv.EndNs+s.cliLag, srv.EndNs+s.cliLag+1
+			s.now = cli.EndNs
+		}
 		cli, srv = srv, cli
 	}
 	for _, ev := range []*loader.HTTPEvent{cli, srv} {

@@ -793,7 +793,12 @@ func TestKernelRealSockets(t *testing.T) {
 // the CLIENT span that sent it, whichever CPU's record (and timestamp) comes
 // first: the receiver's read can return before the sender's write does.
 func TestKernelJoinRace(t *testing.T) {
-	runKernel(t, "127.0.0.1:0", "server,http_client", []scenario{joinRaceScenario})
+	k := runKernel(t, "127.0.0.1:0", "server,http_client", []scenario{joinRaceScenario})
+	// The connection is new: both of its ends are followed from their first
+	// byte, so the pairing is by order, not by timestamps (loader.FlagFresh).
+	if v := k.metrics[`gymtrace_kernel_events_total{reason="fresh_conns"}`]; v < 2 {
+		t.Errorf("fresh_conns = %v, want at least the 2 ends of the new connection", v)
+	}
 }
 
 const joinRaceN = 2000

@@ -78,6 +78,9 @@ def parse_args(argv):
     p.add_argument("--python", default="/usr/bin/python3",
                    help="interpreter command for the servers (shell-split, e.g. 'chroot /srv/trixie /usr/bin/python3')")
     p.add_argument("--stack-dir", default=HERE, help="this directory as the interpreter sees it (for chroots)")
+    p.add_argument("--no-gym-env", action="store_true",
+                   help="start the servers without Gym's environment (flags --name/--port/--peers only), "
+                        "so nothing but their traffic tells their roles")
     p.add_argument("--shell", action="store_true",
                    help="start each server as Gym does: bash -c 'cd DIR && NEMO_GYM_CONFIG_DICT=... NEMO_GYM_CONFIG_PATH=... python X.py'")
     p.add_argument("--truth", help="ground-truth file every process appends to (see README.md)")
@@ -174,7 +177,12 @@ def start_servers(a, ports, log_dir, servers):
         logf = os.path.join(log_dir, f"{kind}.log")
         argv = python + [entry if in_place else os.path.join(a.stack_dir, entry)] + server_flags(a, kind)
         env = dict(base_env)
-        if a.shell:
+        if a.no_gym_env:
+            argv += ["--name", name, "--host", a.host, "--port", str(ports[kind])]
+            if kind == "agent":
+                argv += ["--peers", ",".join(f"{k}={stacklib.host_for_url(a.host)}:{ports[k]}" for k in ("model", "resources"))]
+            popen_argv, cwd = argv, HERE if in_place else None
+        elif a.shell:
             command = ((f"cd {shlex.quote(HERE)} && " if in_place else "") + f"NEMO_GYM_CONFIG_DICT={shlex.quote(cfg_yaml)} "
                        f"NEMO_GYM_CONFIG_PATH={shlex.quote(name)} {shlex.join(argv)}")
             popen_argv, cwd = ["bash", "-c", command], None

@@ -68,7 +68,8 @@ type injtestGtConn struct {
 	CarryLen    uint8
 	CarryDir    uint8
 	ServedNoted uint8
-	Pad3        [5]uint8
+	Fresh       uint8
+	Pad3        [4]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -143,6 +144,7 @@ const (
 	injtestGtEventFlagGT_F_TLS            injtestGtEventFlag = 2048
 	injtestGtEventFlagGT_F_INJECTED       injtestGtEventFlag = 4096
 	injtestGtEventFlagGT_F_KERNEL_TRACE   injtestGtEventFlag = 8192
+	injtestGtEventFlagGT_F_FRESH          injtestGtEventFlag = 16384
 )
 
 type injtestGtEventKind uint32
@@ -381,6 +383,7 @@ const (
 	injtestGtStatGT_STAT_TLS_LINKED    injtestGtStat = 42
 	injtestGtStatGT_STAT_UNSAMPLED     injtestGtStat = 43
 	injtestGtStatGT_STAT_SCAN_REUSED   injtestGtStat = 44
+	injtestGtStatGT_STAT_FRESH         injtestGtStat = 45
 	injtestGtStatGT_STAT_MAX           injtestGtStat = 48
 )
 

@@ -68,7 +68,8 @@ type pytestGtConn struct {
 	CarryLen    uint8
 	CarryDir    uint8
 	ServedNoted uint8
-	Pad3        [5]uint8
+	Fresh       uint8
+	Pad3        [4]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16

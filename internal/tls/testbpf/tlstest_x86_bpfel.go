@@ -68,7 +68,8 @@ type tlstestGtConn struct {
 	CarryLen    uint8
 	CarryDir    uint8
 	ServedNoted uint8
-	Pad3        [5]uint8
+	Fresh       uint8
+	Pad3        [4]uint8
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -143,6 +144,7 @@ const (
 	tlstestGtEventFlagGT_F_TLS            tlstestGtEventFlag = 2048
 	tlstestGtEventFlagGT_F_INJECTED       tlstestGtEventFlag = 4096
 	tlstestGtEventFlagGT_F_KERNEL_TRACE   tlstestGtEventFlag = 8192
+	tlstestGtEventFlagGT_F_FRESH          tlstestGtEventFlag = 16384
 )
 
 type tlstestGtEventKind uint32
@@ -316,6 +318,7 @@ const (
 	tlstestGtStatGT_STAT_TLS_LINKED    tlstestGtStat = 42
 	tlstestGtStatGT_STAT_UNSAMPLED     tlstestGtStat = 43
 	tlstestGtStatGT_STAT_SCAN_REUSED   tlstestGtStat = 44
+	tlstestGtStatGT_STAT_FRESH         tlstestGtStat = 45
 	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 48
 )
 
