@@ -140,11 +140,11 @@ type inbound struct {
 	x        *http.Exchange
 	proc     *discover.Process
 	ri       routeInfo
-	server   *node     // SERVER span, nil when the server group is off
-	gym      *node     // gym.* span, nil when none or its group is off
+	server   *node       // SERVER span, nil when the server group is off
+	gym      *node       // gym.* span, nil when none or its group is off
 	gymProv  bool        // gym is provisional: the process's role decides its name (roles.go)
 	gymCands groups.Mask // ... among these groups
-	via      *outbound // the client request on this node that sent it
+	via      *outbound   // the client request on this node that sent it
 	rollout  string
 	idx      int // position in Builder.inflight[pid]
 	waiting  bool
