@@ -199,7 +199,7 @@ type stepClock struct {
 	off atomic.Int64
 }
 
-func (c *stepClock) NowMono() uint64      { return c.Clock.NowMono() + uint64(c.off.Load()) }
+func (c *stepClock) NowMono() uint64     { return c.Clock.NowMono() + uint64(c.off.Load()) }
 func (c *stepClock) add(d time.Duration) { c.off.Add(int64(d)) }
 
 func findByID(spans []Span, id [8]byte) *Span {
