@@ -15,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/gymtrace/gymtrace/internal/agent"
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/groups"
 )
@@ -103,7 +104,7 @@ func runCLI(ctx context.Context, args []string, stdout, stderr io.Writer, lookup
 	var err error
 	switch cmd {
 	case "run":
-		err = runTracer(ctx, cfg, log)
+		err = agent.Run(ctx, cfg, agent.Options{Log: log, Reloads: reloadsFor(log)})
 	case "demo":
 		err = runDemo(ctx, cfg, log)
 	case "check":
@@ -116,7 +117,7 @@ func runCLI(ctx context.Context, args []string, stdout, stderr io.Writer, lookup
 	}
 	if err != nil && !(errors.Is(err, context.Canceled) && ctx.Err() != nil) {
 		fmt.Fprintf(stderr, "gymtrace: %s\n", oneLine(err))
-		var ue usageError
+		var ue agent.UsageError
 		if errors.As(err, &ue) {
 			return exitUsage
 		}
@@ -125,11 +126,10 @@ func runCLI(ctx context.Context, args []string, stdout, stderr io.Writer, lookup
 	return exitOK
 }
 
-// usageError marks a run error caused by what the user asked for (a --pid of
-// a process that does not exist), not by the machine: exit status 2.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
+// reloadsFor is the agent's reload source: SIGHUP, through watchReloads.
+func reloadsFor(log *slog.Logger) func(context.Context, func(*config.Config) error) {
+	return func(ctx context.Context, apply func(*config.Config) error) { watchReloads(ctx, log, apply) }
+}
 
 // loadConfig loads the configuration and builds the logger at its level. On
 // failure it has printed what to do and returns a nil config and the exit code.
@@ -216,7 +216,7 @@ func installReloadHook(l *config.Loader, lv *slog.LevelVar) func() {
 	return func() { signal.Stop(sig) }
 }
 
-// watchReloads is for the run code: it blocks until ctx ends and, after each
+// watchReloads is for the agent: it blocks until ctx ends and, after each
 // SIGHUP, loads the configuration again (file and environment re-read, flags
 // as given at start) and passes it to apply, e.g. to write the new span-group
 // mask into the kernel. When loading fails it logs why and keeps the running

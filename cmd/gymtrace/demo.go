@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gymtrace/gymtrace/internal/agent"
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/groups"
 	"github.com/gymtrace/gymtrace/test/stack"
@@ -110,7 +111,8 @@ func runDemo(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	attached := make(chan struct{})
 	go func() {
-		errc <- runTracerTo(tctx, &dcfg, log, os.Stdout, func(*tracer) { close(attached) })
+		errc <- agent.Run(tctx, &dcfg, agent.Options{Log: log, Term: os.Stdout, Reloads: reloadsFor(log),
+			Attached: func() { close(attached) }})
 	}()
 	select {
 	case <-attached:

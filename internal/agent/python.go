@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package agent
 
 import (
 	"errors"
@@ -17,7 +17,7 @@ import (
 // link probe, attached only while an enabled group needs in-process parents:
 // with those groups off, no uprobe traps at all.
 type pyTargets struct {
-	t      *tracer
+	t      *agent
 	mu     sync.Mutex
 	interp map[int]*python.Interpreter
 	probes map[int]io.Closer
@@ -36,7 +36,7 @@ func needsPy(m groups.Mask) bool {
 	return m.Has(groups.HTTPClient) || m.Has(groups.Sandbox)
 }
 
-func newPyTargets(t *tracer, m groups.Mask) *pyTargets {
+func newPyTargets(t *agent, m groups.Mask) *pyTargets {
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
 		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, want: needsPy(m)}
 }

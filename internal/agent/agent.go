@@ -1,0 +1,359 @@
+//go:build linux
+
+// Package agent is one running gymtrace: it owns the lifecycle (start →
+// attach → run → reload → detach), the targets and their probes. Discovery
+// feeds targets to the loader, the ring-buffer reader feeds the span
+// pipeline, the pipeline feeds the exporter; metrics sit beside them.
+// cmd/gymtrace parses flags and calls Run.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gymtrace/gymtrace/internal/config"
+	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/export"
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/http"
+	"github.com/gymtrace/gymtrace/internal/inject"
+	"github.com/gymtrace/gymtrace/internal/loader"
+	"github.com/gymtrace/gymtrace/internal/metrics"
+	"github.com/gymtrace/gymtrace/internal/preflight"
+	"github.com/gymtrace/gymtrace/internal/privs"
+	"github.com/gymtrace/gymtrace/internal/spans"
+	gttls "github.com/gymtrace/gymtrace/internal/tls"
+)
+
+// Options are what Run needs besides the configuration.
+type Options struct {
+	Log *slog.Logger
+	// Term is where the tree exporter writes (os.Stdout when nil); on a
+	// terminal a live status line runs under the trees.
+	Term io.Writer
+	// Reloads, when set, blocks until its context ends and calls apply with
+	// each reloaded configuration (SIGHUP in cmd/gymtrace).
+	Reloads func(ctx context.Context, apply func(*config.Config) error)
+	// Attached, when set, is called once every target found at start is
+	// traced (the demo starts its rollouts then).
+	Attached func()
+}
+
+// UsageError marks a Run error caused by what the user asked for (a --pid of
+// a process that does not exist), not by the machine.
+type UsageError struct{ error }
+
+func (e UsageError) Unwrap() error { return e.error }
+
+// agent is the running state. Its methods are split by job: targets.go (the
+// target set), python.go, tls.go, inject.go (per-target probes), gate.go
+// (the kernel's gate and route table), exporter.go, sources.go (metrics).
+type agent struct {
+	log      *slog.Logger
+	cfg      *config.Config
+	kern     *loader.Tracer
+	tls      *gttls.Attacher  // HTTPS: OpenSSL probes per target
+	inj      *inject.Injector // traceparent into outbound requests; nil when off
+	injState injectState      // whether injection is on, and why not (the gymtrace_inject_enabled metric)
+	// injWanted: http_client is enabled, so targets' outbound sockets belong
+	// in the injection sockhash (the kernel checks the mask itself).
+	injWanted atomic.Bool
+	spans     *spans.Pipeline
+	out       *export.Pipeline
+
+	py *pyTargets
+
+	records atomic.Uint64 // ring-buffer records read
+
+	mu    sync.RWMutex
+	procs map[int]*discover.Process
+
+	// Set while starting, used while running.
+	pids      []int         // explicit --pid targets
+	roles     map[int]uint8 // ... and the roles given with them
+	metricsLn net.Listener  // opened before privileges are dropped
+	status    *metrics.StatusLine
+	undo      []func() // run in reverse by detach
+}
+
+// Run traces until ctx ends: it attaches, runs, applies reloads, then
+// flushes and detaches.
+func Run(ctx context.Context, cfg *config.Config, opt Options) error {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.Term == nil {
+		opt.Term = os.Stdout
+	}
+	if err := preflight.Required(ctx); err != nil {
+		return err
+	}
+	t := &agent{log: opt.Log, cfg: cfg, procs: map[int]*discover.Process{}, roles: map[int]uint8{}}
+	defer t.detach()
+	if err := t.checkPIDs(); err != nil {
+		return err
+	}
+	if err := t.attach(); err != nil {
+		return err
+	}
+	if err := t.startPipeline(ctx, opt.Term); err != nil {
+		return err
+	}
+	return t.run(ctx, opt)
+}
+
+// checkPIDs requires the explicit --pid targets to exist, before anything
+// is attached.
+func (t *agent) checkPIDs() error {
+	for _, pr := range t.cfg.PIDs {
+		if _, err := discover.Inspect(pr.PID); err != nil {
+			return UsageError{fmt.Errorf("--pid %d: %w", pr.PID, err)}
+		}
+		t.pids = append(t.pids, pr.PID)
+		t.roles[pr.PID] = pr.Role
+	}
+	return nil
+}
+
+// attach loads the kernel side and everything that needs privileges, then
+// drops the privileges the run does not need.
+func (t *agent) attach() error {
+	cfg, log := t.cfg, t.log
+	kern, err := loader.Load(loader.Options{RingbufBytes: cfg.RingbufBytes, Log: log})
+	if err != nil {
+		return err
+	}
+	t.kern = kern
+	t.undo = append(t.undo, func() { kern.Close() })
+	t.py = newPyTargets(t, cfg.Mask)
+	t.undo = append(t.undo, t.py.close)
+	if err := kern.SetRoutes(routeTable()); err != nil {
+		return err
+	}
+	if err := t.applyMask(cfg.Mask, cfg.RolloutIDs); err != nil {
+		return err
+	}
+	if t.tls, err = newTLSAttacher(kern, cfg.Mask, log); err != nil {
+		return err
+	}
+	t.undo = append(t.undo, func() { t.tls.Close() })
+	t.inj = startInjector(kern, cfg, log, &t.injState)
+	t.injWanted.Store(cfg.Mask.Has(groups.HTTPClient))
+	t.undo = append(t.undo, func() {
+		if err := t.inj.Close(); err != nil {
+			log.Debug("detaching traceparent injection", "err", err)
+		}
+	})
+	// The metrics port is opened now (a port below 1024 needs
+	// CAP_NET_BIND_SERVICE) and served once the pipeline exists.
+	if cfg.MetricsAddr != "" {
+		if t.metricsLn, err = metrics.Listen(cfg.MetricsAddr); err != nil {
+			return err
+		}
+		ln := t.metricsLn
+		t.undo = append(t.undo, func() { ln.Close() })
+	}
+	// Everything that needs more than the run's own capabilities is
+	// attached: drop the rest now, before the exporter, metrics and
+	// discovery start goroutines (libcap's psx applies the change to every
+	// thread with signals; with few threads there are few to race with).
+	privs.DropAfterAttach(log, privs.Needs{Discovery: true, Uprobes: tlsWanted(cfg.Mask) || needsPy(cfg.Mask)})
+	return nil
+}
+
+// startPipeline builds the userspace path: span builder, exporter, metrics.
+func (t *agent) startPipeline(ctx context.Context, term io.Writer) error {
+	cfg, log := t.cfg, t.log
+	b, err := spans.NewBuilder(spans.Options{
+		Mask:    cfg.Mask,
+		Lookup:  t.lookup,
+		Sampler: sampler(cfg.SampleRatio),
+		Logger:  log.With("component", "spans"),
+		Inject:  builderInjector(t.inj),
+	})
+	if err != nil {
+		return fmt.Errorf("starting the span builder: %w", err)
+	}
+	t.spans = spans.NewPipeline(http.NewAssembler(http.AssemblerOptions{}), b)
+	// On a terminal, a live status line under the trace trees.
+	if f, ok := term.(*os.File); ok && metrics.IsTerminal(f) {
+		t.status = metrics.NewStatusLine(f, t.statusSnapshot)
+		term = t.status
+	}
+	exp, err := newExporter(ctx, cfg, term, log)
+	if err != nil {
+		return err
+	}
+	pcfg := export.PipelineConfig{Logger: log.With("component", "export")}
+	if cfg.Exporter == config.ExporterTree {
+		pcfg.BatchTimeout = 200 * time.Millisecond
+	}
+	t.out = export.NewPipeline(exp, pcfg)
+	return nil
+}
+
+// run starts discovery and the background loops, reads the ring buffer
+// until ctx ends, then flushes what is open and shuts the exporter down.
+func (t *agent) run(ctx context.Context, opt Options) error {
+	cfg, log := t.cfg, t.log
+	var m *metrics.Metrics
+	if t.metricsLn != nil {
+		m = metrics.New(t.metricSources())
+		srv := m.Serve(t.metricsLn, log)
+		t.undo = append(t.undo, func() { srv.Shutdown(context.Background()) })
+	}
+
+	// Discovery keeps the kernel's target set current.
+	w, err := discover.NewWatcher(discover.WatcherOptions{
+		PIDs:     t.pids,
+		Discover: cfg.Discover,
+		OnAdd: func(p *discover.Process) {
+			if r := t.roles[p.PID]; r != 0 {
+				p.Role = r
+			}
+			t.addTarget(p)
+		},
+		OnRemove: t.removeTarget,
+		Logger:   log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.Sync(); err != nil {
+		return fmt.Errorf("finding target processes: %w", err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = t.tls.Run(runCtx) }() // picks up lazily imported libssl
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := w.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+			log.Error("discovery stopped", "err", err)
+		}
+	}()
+
+	// The targets found now are traced whole before "attached": their
+	// interpreters read and their context probes on.
+	if !t.py.wait(10 * time.Second) {
+		log.Warn("some Python targets are still being inspected; their first requests may lack parents")
+	}
+	tuneGC(log, os.LookupEnv)
+	log.Info("gymtrace: attached", "targets", t.describeTargets(), "span_groups", strings.Join(cfg.Mask.Names(), ","),
+		"exporter", cfg.Exporter)
+	if m != nil {
+		m.SetReady()
+	}
+	if t.status != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.status.Run(runCtx, time.Second)
+		}()
+	}
+	if opt.Attached != nil {
+		opt.Attached()
+	}
+	if opt.Reloads != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); opt.Reloads(runCtx, t.reload) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); t.expireLoop(runCtx) }()
+
+	readErr := t.kern.Read(runCtx, func(raw []byte) { t.record(w, raw) })
+	stop()
+	wg.Wait()
+	t.shutdown()
+	return readErr
+}
+
+// reload applies a reloaded configuration's span groups live, in the kernel
+// and in the builder (SIGHUP).
+func (t *agent) reload(nc *config.Config) error {
+	if err := t.applyMask(nc.Mask, nc.RolloutIDs); err != nil {
+		return err
+	}
+	t.spans.Builder().SetMask(nc.Mask)
+	t.setInjectWanted(nc.Mask.Has(groups.HTTPClient))
+	t.py.setMask(nc.Mask)
+	t.tls.SetEnabled(tlsWanted(nc.Mask))
+	t.log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
+	return nil
+}
+
+// expireLoop ends idle state so memory stays bounded when traffic stops,
+// and releases spans held for a role (internal/spans/roles.go).
+func (t *agent) expireLoop(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	clock, err := http.NewClock()
+	if err != nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			t.submit(t.spans.Expire(clock.NowMono()))
+		}
+	}
+}
+
+// record handles one ring-buffer record: a lifecycle event, or an HTTP one
+// for the span pipeline.
+func (t *agent) record(w *discover.Watcher, raw []byte) {
+	t.records.Add(1)
+	if len(raw) > 0 && loader.IsProcEvent(raw[0]) {
+		t.procEvent(w, raw)
+	} else {
+		out, err := t.spans.Process(raw)
+		if err != nil {
+			t.log.Debug("undecodable record", "err", err)
+		}
+		t.submit(out)
+	}
+	if t.inj != nil && t.kern.Pending() == 0 {
+		// Caught up: the trace contexts published for this drain's
+		// requests, and the deletes of finished exchanges, go to the
+		// kernel in one batch each; an exchange that started and ended
+		// within the drain costs no map syscall at all.
+		t.inj.Flush()
+	}
+}
+
+// shutdown ends the spans still open now, marked truncated as Gym does, and
+// drains the exporter.
+func (t *agent) shutdown() {
+	t.submit(t.spans.Flush())
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := t.out.Shutdown(sctx); err != nil {
+		t.log.Warn("exporter shutdown", "err", err)
+	}
+	st := t.out.Stats()
+	for _, r := range t.kern.ProfTable() {
+		t.log.Info("bpf section", "name", r.Name, "runs", r.Count, "ns_per_run", int(r.NsPer))
+	}
+	t.log.Info("gymtrace: detached", "spans_exported", st.Exported, "spans_failed", st.Failed, "spans_dropped", st.Dropped)
+}
+
+// detach undoes what attach and run set up, last first.
+func (t *agent) detach() {
+	for i := len(t.undo) - 1; i >= 0; i-- {
+		t.undo[i]()
+	}
+	t.undo = nil
+}

@@ -1,0 +1,58 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/gymtrace/gymtrace/internal/config"
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+// Every Gym route is in the kernel's table under its role and under role 0
+// (not yet known), with the /ng-rollout prefix removed as the kernel looks
+// paths up.
+func TestRouteTable(t *testing.T) {
+	tab := routeTable()
+	for _, r := range groups.GymRoutes() {
+		path, _ := groups.StripRolloutPrefix(r.Path)
+		m := methodCode(r.Method)
+		if m == loader.MethodUnknown {
+			t.Errorf("%s %s: method has no kernel code", r.Method, r.Path)
+		}
+		for _, role := range []uint8{uint8(r.Role), loader.RoleUnknown} {
+			if got := tab[loader.NewRouteKey(role, m, path)]; got&uint64(r.Groups) != uint64(r.Groups) {
+				t.Errorf("%s %s role %d: groups %#x, want %#x included", r.Method, r.Path, role, got, uint64(r.Groups))
+			}
+		}
+	}
+}
+
+func TestSampler(t *testing.T) {
+	if sampler(1) != nil {
+		t.Error("ratio 1 must sample everything without a sampler")
+	}
+	if sampler(0.25) == nil {
+		t.Error("ratio 0.25 needs a sampler")
+	}
+}
+
+// A --pid that names no process is the user's mistake: Run says so as a
+// UsageError (exit status 2 in cmd/gymtrace) before attaching anything.
+func TestRunRejectsMissingPID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: Run checks the kernel's features (preflight) before the pids")
+	}
+	cfg := &config.Config{PIDs: []config.PIDRole{{PID: 1 << 30}}, Mask: groups.DefaultMask}
+	err := Run(context.Background(), cfg, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	var ue UsageError
+	if !errors.As(err, &ue) {
+		t.Fatalf("Run with a missing pid: %v, want a UsageError", err)
+	}
+}

@@ -1,0 +1,63 @@
+//go:build linux
+
+package agent
+
+import (
+	"os"
+
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+// applyMask writes the gate: the mask and, per role, which groups an inbound
+// or outbound message could belong to at all.
+func (t *agent) applyMask(m groups.Mask, rolloutIDs bool) error {
+	var sp [8]uint64
+	for r := range sp {
+		sp[r] = uint64(groups.ServerPossible(groups.Role(r)))
+	}
+	var flags uint32
+	if rolloutIDs {
+		flags |= loader.CfgRolloutIDs
+	}
+	// Benchmarks only (scripts/bench): copy every message out and let the
+	// builder filter, to measure what the in-kernel gate saves.
+	if os.Getenv("GYMTRACE_BENCH_NO_GATE") == "1" {
+		flags |= loader.CfgNoGate
+	}
+	return t.kern.SetGate(uint64(m), sp, uint64(groups.ClientPossible()), flags)
+}
+
+// routeTable is the kernel's (role, method, path) -> gym.* group table, from
+// Gym's routes. Keys hold paths with any /ng-rollout/<id> prefix removed, as
+// the kernel looks them up; role 0 (not yet known) gets the union over roles.
+func routeTable() map[loader.RouteKey]uint64 {
+	out := map[loader.RouteKey]uint64{}
+	for _, r := range groups.GymRoutes() {
+		path, _ := groups.StripRolloutPrefix(r.Path)
+		m := methodCode(r.Method)
+		out[loader.NewRouteKey(uint8(r.Role), m, path)] |= uint64(r.Groups)
+		out[loader.NewRouteKey(loader.RoleUnknown, m, path)] |= uint64(r.Groups)
+	}
+	return out
+}
+
+func methodCode(m string) uint8 {
+	switch m {
+	case "GET":
+		return loader.MethodGET
+	case "POST":
+		return loader.MethodPOST
+	case "PUT":
+		return loader.MethodPUT
+	case "DELETE":
+		return loader.MethodDELETE
+	case "PATCH":
+		return loader.MethodPATCH
+	case "HEAD":
+		return loader.MethodHEAD
+	case "OPTIONS":
+		return loader.MethodOPTIONS
+	}
+	return loader.MethodUnknown
+}

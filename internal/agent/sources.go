@@ -1,0 +1,89 @@
+//go:build linux
+
+package agent
+
+import (
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/loader"
+	"github.com/gymtrace/gymtrace/internal/metrics"
+)
+
+// What the agent reports about itself: the Prometheus self-metrics and the
+// terminal status line.
+
+func (t *agent) kernelStats() []uint64 {
+	st, err := t.kern.Stats()
+	if err != nil {
+		return make([]uint64, loader.StatMax)
+	}
+	return st
+}
+
+func (t *agent) metricSources() metrics.Sources {
+	perGroup := func(base uint32) func() map[string]uint64 {
+		return func() map[string]uint64 {
+			st := t.kernelStats()
+			out := map[string]uint64{}
+			for _, info := range groups.All() {
+				out[info.Name] = st[base+uint32(info.Group)]
+			}
+			return out
+		}
+	}
+	return metrics.Sources{
+		EventsEmitted:          perGroup(loader.StatEmitted),
+		EventsDiscarded:        perGroup(loader.StatDiscarded),
+		RingbufReserveFailures: func() uint64 { return t.kernelStats()[loader.StatRingbufFull] },
+		RecordsRead:            func() uint64 { return t.records.Load() },
+		KernelCounters: func() map[string]uint64 {
+			st := t.kernelStats()
+			out := map[string]uint64{
+				"not_http":      st[loader.StatNotHTTP],
+				"parse_error":   st[loader.StatParseError],
+				"hdr_truncated": st[loader.StatHdrTruncated],
+				"conn_full":     st[loader.StatConnFull],
+				"resync":        st[loader.StatResync],
+				"skipped_bytes": st[loader.StatSkippedBytes],
+				"unsampled":     st[loader.StatUnsampled],
+				"scan_reused":   st[loader.StatScanReused], // client request heads not read twice (injection's scan)
+				"fresh_conns":   st[loader.StatFresh],      // connections followed from their first byte: joined by order
+				"tls_calls":     st[loader.StatTLSCalls],   // OpenSSL probe runs in targets
+				"tls_events":    st[loader.StatTLSEvents],  // records from TLS plaintext
+				"tls_linked":    st[loader.StatTLSLinked],  // SSL objects tied to their socket
+			}
+			injectCounters(t.inj, out)
+			return out
+		},
+		SpansBuilt: func() map[string]uint64 {
+			st := t.spans.Builder().Stats()
+			out := map[string]uint64{}
+			for _, info := range groups.All() {
+				out[info.Name] = st.Spans[info.Group]
+			}
+			return out
+		},
+		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
+		ParentNoContext:  func() uint64 { return t.spans.Builder().Stats().ParentNoContext },
+		Roles: func() metrics.RoleStats {
+			st := t.spans.Builder().Stats()
+			return metrics.RoleStats{Inferred: st.RoleInferred, Held: st.Held, Undecided: st.RoleUndecided, GymUnresolved: st.GymSpanUnresolved}
+		},
+		Export:          func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
+		TargetsAttached: t.targetCount,
+		Injection:       t.injState.get,
+	}
+}
+
+// statusSnapshot feeds the terminal status line.
+func (t *agent) statusSnapshot() metrics.Snapshot {
+	st := t.spans.Builder().Stats()
+	snap := metrics.Snapshot{Targets: t.targetCount(), Spans: map[string]uint64{}}
+	for _, info := range groups.All() {
+		if n := st.Spans[info.Group]; n > 0 {
+			snap.Spans[info.Name] = n
+		}
+	}
+	ex := t.out.Stats()
+	snap.Drops = t.kernelStats()[loader.StatRingbufFull] + ex.Dropped + ex.Failed
+	return snap
+}
