@@ -74,3 +74,36 @@ func effectiveCaps(statusPath string) (capSet, error) {
 	}
 	return 0, fmt.Errorf("no CapEff line in %s", statusPath)
 }
+
+func (c *checker) capabilities() {
+	if c.capsErr != nil {
+		c.add(Result{Feature: "capabilities", Status: StatusMissing, Need: NeedRequired, Detail: c.capsErr.Error(),
+			Fix: "cannot read this process's capabilities; is /proc mounted?"})
+		return
+	}
+	for _, cp := range Capabilities {
+		need := NeedOptional
+		if cp.Required || cp.Name == "CAP_NET_ADMIN" && c.o.Traceparent {
+			need = NeedRequired
+		}
+		r := Result{Feature: cp.Name, Need: need, Detail: cp.For}
+		switch {
+		case c.caps.has(cp.Bit):
+			r.Status = StatusOK
+		case cp.Alt != "" && c.caps.hasName(cp.Alt):
+			r.Status, r.Detail = StatusOK, "granted through "+cp.Alt+"; "+cp.For
+		case cp.Name == "CAP_SYS_RESOURCE" && c.atLeast(5, 11):
+			r.Status, r.Need = StatusMissing, NeedUnused
+			r.Detail = "not needed on Linux 5.11+ (BPF memory is charged to the cgroup, not RLIMIT_MEMLOCK)"
+		default:
+			r.Status = StatusMissing
+			alt := ""
+			if cp.Alt != "" {
+				alt = " (or " + cp.Alt + ")"
+			}
+			r.Fix = fmt.Sprintf("grant %s%s: run as root, or `setcap %s+ep gymtrace`, or add %s to the container's securityContext.capabilities.add",
+				cp.Name, alt, strings.ToLower(cp.Name), strings.TrimPrefix(cp.Name, "CAP_"))
+		}
+		c.add(r)
+	}
+}

@@ -146,3 +146,12 @@ func rotation(n, r int) []int {
 	}
 	return out
 }
+
+func mean(xs []float64) float64 {
+	xs = finite(xs)
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	m, _ := meanSD(xs)
+	return m
+}
