@@ -1,0 +1,132 @@
+//go:build linux
+
+package spans
+
+import "github.com/gymtrace/gymtrace/internal/http"
+
+// Which inbound request's handler made an outbound call: the kernel's
+// asyncio context first, then contexts bound by BindContext, then nesting.
+
+type ctxKey struct {
+	pid uint32
+	ctx uint64
+}
+
+// BindContext records that the asyncio Context ctx of process pid runs on
+// behalf of an inbound request, so an outbound request whose PyCtx or
+// PyRoot is ctx gets that request's span as its parent. The request is
+// either the newest in-flight inbound request on server connection connID
+// (the handler task created right after the request was read), or, with
+// connID 0, the request parentCtx is bound to (a child task whose Context was
+// copied from parentCtx). Keys are opaque: the kernel must make them unique
+// over time (a Context pointer combined with a generation), because CPython
+// recycles Context objects. A key bound to two live requests is treated as
+// unknown. Reports whether a binding was made.
+func (b *Builder) BindContext(pid uint32, ctx, parentCtx, connID uint64) bool {
+	if ctx == 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var in *inbound
+	if connID != 0 {
+		for _, c := range b.inflight[pid] {
+			if c.x.ConnID == connID && (in == nil || c.x.ReqStart >= in.x.ReqStart) {
+				in = c
+			}
+		}
+	} else if parentCtx != 0 {
+		in = b.ctx[ctxKey{pid, parentCtx}]
+	}
+	if in == nil {
+		return false
+	}
+	k := ctxKey{pid, ctx}
+	if old, ok := b.ctx[k]; ok && old != in {
+		b.ctx[k] = nil
+	} else {
+		b.ctx[k] = in
+	}
+	in.ctxKeys = append(in.ctxKeys, k)
+	return true
+}
+
+// cause picks the inbound request whose handler made outbound request x.
+// Never a guess between unrelated requests: with several candidates that do
+// not form one chain, it returns nil and sets *why.
+func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
+	// The kernel bound the call to its inbound request through the asyncio
+	// context (bpf/python.h): exact, whatever else is in flight.
+	if x.CauseConn != 0 {
+		for _, in := range b.inflight[x.PID] {
+			if in.x.ConnID == x.CauseConn && in.x.Seq == x.CauseSeq {
+				b.st.ParentByContext++
+				return in
+			}
+		}
+		// Its request is not traced (gated off, or before attach): the call
+		// has no parent here, as in Gym when that request has no span.
+		b.st.ParentNone++
+		*why = "request_not_traced"
+		return nil
+	}
+	for _, k := range [2]uint64{x.PyCtx, x.PyRoot} {
+		if k == 0 {
+			continue
+		}
+		if in, ok := b.ctx[ctxKey{x.PID, k}]; ok && in != nil {
+			b.st.ParentByContext++
+			return in
+		}
+	}
+	var only *inbound
+	n := 0
+	b.epoch++
+	for _, in := range b.inflight[x.PID] {
+		if in.x.ReqStart <= x.ReqStart {
+			in.mark = b.epoch
+			only = in
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		b.st.ParentNone++
+		return nil
+	case 1:
+		return only
+	}
+	// Several in flight. If they are nested (the agent's /run awaiting its own
+	// /v1/responses, which makes the call), every one but the innermost is an
+	// ancestor of another: its handler is blocked on that descendant.
+	for _, in := range b.inflight[x.PID] {
+		if in.mark != b.epoch {
+			continue
+		}
+		o := in.via
+		for depth := 0; o != nil && o.via != nil && depth < 32; depth++ {
+			if p := o.via; p.mark == b.epoch {
+				p.shadowed = b.epoch
+			}
+			o = o.via.via
+		}
+	}
+	n = 0
+	for _, in := range b.inflight[x.PID] {
+		if in.mark == b.epoch && in.shadowed != b.epoch {
+			only = in
+			n++
+		}
+	}
+	if n == 1 {
+		b.st.ParentByNesting++
+		return only
+	}
+	b.st.ParentAmbiguous++
+	*why = "ambiguous"
+	if r, ok := b.noCtx[x.PID]; ok {
+		b.st.ParentNoContext++
+		*why = r
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+//go:build linux
+
+package spans
+
+import (
+	"strconv"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/http"
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+// A finished exchange becomes its spans: status, attributes, emission.
+
+func (b *Builder) finishServer(in *inbound) {
+	x := in.x
+	if in.pub {
+		b.opt.Inject.Unpublish(x.ConnID, x.Seq)
+	}
+	list := b.inflight[x.PID]
+	if in.idx < len(list) && list[in.idx] == in {
+		last := len(list) - 1
+		list[in.idx] = list[last]
+		list[in.idx].idx = in.idx
+		list[last] = nil
+		list = list[:last]
+	}
+	if len(list) == 0 {
+		delete(b.inflight, x.PID)
+	} else {
+		b.inflight[x.PID] = list
+	}
+	if in.waiting {
+		k := tupleKey{client: x.Remote, server: x.Local}
+		if q := b.tuples[k]; q != nil {
+			q.servers = removeFrom(q.servers, in)
+			b.dropEmpty(k, q)
+		}
+	}
+	for _, k := range in.ctxKeys {
+		if cur, ok := b.ctx[k]; ok && (cur == in || cur == nil) {
+			delete(b.ctx, k)
+		}
+	}
+	status, msg, errType := serverStatus(x)
+	// While the process's role is undecided its spans are held, and named
+	// again when it is (roles.go).
+	var rc *reclass
+	if b.undecided(in.proc, x.Role) {
+		rc = &reclass{method: x.Method, path: x.Path, cands: in.gymCands}
+	}
+	if in.server != nil {
+		name := serverSpanName(x.Method, in.ri.route)
+		attrs := make([]attribute.KeyValue, 0, 14)
+		attrs = append(attrs,
+			attribute.String("http.request.method", x.Method),
+			attribute.String("url.path", x.Path),
+			attribute.String("url.scheme", scheme(x)),
+			attribute.String("http.route", in.ri.route),
+		)
+		if x.Status > 0 {
+			attrs = append(attrs, attribute.Int("http.response.status_code", x.Status))
+		}
+		attrs = appendAddr(attrs, "server", x.Local)
+		attrs = appendAddr(attrs, "client", x.Remote)
+		attrs = b.appendGym(attrs, in.proc, in.rollout)
+		if errType != "" {
+			attrs = append(attrs, attribute.String("error.type", errType))
+		}
+		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, attrs, status, msg, in.proc, rc, nil)
+	}
+	if in.gym != nil && !in.gym.alias {
+		attrs := b.appendGym(make([]attribute.KeyValue, 0, 3), in.proc, in.rollout)
+		var gymRC *reclass
+		if in.gymProv {
+			gymRC = rc
+		}
+		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, attrs, status, msg, in.proc, nil, gymRC)
+	}
+}
+
+func (b *Builder) finishClient(out *outbound) {
+	x := out.x
+	if out.queued {
+		k := tupleKey{client: x.Local, server: x.Remote}
+		if q := b.tuples[k]; q != nil {
+			q.clients = removeFrom(q.clients, out)
+			b.dropEmpty(k, q)
+		}
+	}
+	if out.client == nil {
+		return
+	}
+	if b.injected[out.client.id] == out {
+		delete(b.injected, out.client.id)
+	}
+	host, port := serverAuthority(x)
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs,
+		attribute.String("http.request.method", x.Method),
+		attribute.String("url.full", scheme(x)+"://"+hostPort(host, port, x.Host)+x.Path),
+		attribute.String("server.address", host),
+		attribute.Int("server.port", port),
+		attribute.Int("network.local.port", int(x.Local.Port())),
+	)
+	if x.Status > 0 {
+		attrs = append(attrs, attribute.Int("http.response.status_code", x.Status))
+	}
+	if out.rollout != "" {
+		attrs = append(attrs, attribute.String("nemo.gym.rollout.id", out.rollout))
+	}
+	if out.unresolved != "" {
+		attrs = append(attrs, attribute.String("gymtrace.parent.unresolved", out.unresolved))
+	}
+	// Gym's client spans are ERROR on exceptions (connection failures), never
+	// on an HTTP error status.
+	var status codes.Code
+	var msg string
+	if x.Err == http.ErrConnReset || x.Err == http.ErrClosed {
+		status, msg = codes.Error, x.Err.Error()
+		attrs = append(attrs, attribute.String("error.type", errorType(x.Err)))
+	}
+	name := "HTTP " + x.Method
+	if x.Method == "_OTHER" {
+		name = "HTTP"
+	}
+	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, attrs, status, msg, out.proc, nil, nil)
+}
+
+func serverStatus(x *http.Exchange) (codes.Code, string, string) {
+	switch {
+	case x.Err == http.ErrConnReset || x.Err == http.ErrClosed:
+		return codes.Error, x.Err.Error(), errorType(x.Err)
+	case x.Status >= 500:
+		// Semconv: HTTP status errors carry no description.
+		return codes.Error, "", strconv.Itoa(x.Status)
+	}
+	return codes.Unset, "", ""
+}
+
+func errorType(err error) string {
+	if err == http.ErrConnReset {
+		return "connection_reset"
+	}
+	return "connection_closed"
+}
+
+func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange,
+	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass) {
+	end := x.RespEnd
+	if end < x.ReqStart {
+		end = max(x.ReqEnd, x.ReqStart)
+	}
+	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
+	b.emitHeld(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p, x.Role, server, gym)
+}
+
+// emitSpan returns one finished span (start and end are kernel monotonic ns)
+// unless its trace is not sampled.
+func (b *Builder) emitSpan(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
+	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process) {
+	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, loader.RoleUnknown, nil, nil)
+}
+
+// emitHeld is emitSpan for a span its process's role may rename (put).
+func (b *Builder) emitHeld(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
+	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process,
+	xRole uint8, server, gym *reclass) {
+	if truncated {
+		attrs = append(attrs, attribute.Bool("nemo.span.truncated", true))
+		b.st.Truncated++
+	}
+	r := n.root()
+	r.frozen = true
+	if !r.sampled {
+		b.st.Unsampled++
+		return
+	}
+	if end < start {
+		end = start
+	}
+	b.put(Span{
+		Name:      name,
+		Kind:      kind,
+		SpanID:    n.id,
+		Sampled:   true,
+		Start:     b.opt.Clock.Wall(start),
+		End:       b.opt.Clock.Wall(end),
+		Attrs:     attrs,
+		Status:    status,
+		StatusMsg: msg,
+		Group:     g.Name(),
+		Proc:      p,
+	}, n, g, xRole, server, gym)
+}
