@@ -1,0 +1,174 @@
+//go:build linux
+
+package spans
+
+import (
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+// The kernel may deliver the server's REQUEST before the client's when the two
+// sides race across CPUs: the join must still happen.
+func TestLateClientRecordStillJoins(t *testing.T) {
+	s := newSim(t, "per_rollout")
+	s.lateCli = true
+	g := newGymStack(s, false)
+	g.rollout(0, 1, 1)
+	diffEdges(t, edges(t, s.spans), rolloutTrees["per_rollout"])
+	if traces(s.spans) != 1 {
+		t.Errorf("%d traces, want 1", traces(s.spans))
+	}
+	if st := s.b.Stats(); st.LateJoins == 0 {
+		t.Error("no late joins counted")
+	}
+}
+
+// On a busy machine the server's read can return milliseconds before the
+// client's write does (the woken reader preempts the writer). On a
+// connection the kernel followed from its first byte (FlagFresh) the pairing
+// is by order and holds; on one picked up mid-stream the timing guard still
+// refuses a client that "started" after the request was read.
+func TestJoinWhenTheWriterReturnsLate(t *testing.T) {
+	for _, fresh := range []bool{true, false} {
+		s := newSim(t, "server,http_client")
+		s.lateCli, s.cliLag = true, uint64(20*time.Millisecond)
+		c := s.dial(pidAgent, pidResources, resAddr)
+		var opts []reqOpt
+		if fresh {
+			opts = append(opts, withFlags(loader.FlagFresh))
+		}
+		c.request(loader.MethodPOST, "/get_weather", opts...).respond(200)
+		c.request(loader.MethodPOST, "/verify", opts...).respond(200)
+		joined := 0
+		for _, sp := range s.spans {
+			if sp.Kind == trace.SpanKindServer {
+				if p := findByID(s.spans, sp.Parent); p != nil && p.Kind == trace.SpanKindClient {
+					joined++
+				}
+			}
+		}
+		if want := map[bool]int{true: 2, false: 0}[fresh]; joined != want {
+			t.Errorf("fresh=%v: %d of 2 server spans joined to their client span, want %d", fresh, joined, want)
+		}
+	}
+}
+
+func TestPipelinedRequestsJoinInOrder(t *testing.T) {
+	s := newSim(t, "server,http_client")
+	c := s.dial(pidAgent, pidResources, resAddr)
+	a := c.request(loader.MethodPOST, "/a")
+	b := c.request(loader.MethodPOST, "/b")
+	a.respond(200)
+	b.respond(201)
+	got := edges(t, s.spans)
+	diffEdges(t, got, []string{
+		e("simple_agent:HTTP POST ->resources/a", ""),
+		e("simple_agent:HTTP POST ->resources/b", ""),
+		e("weather:POST /a", "simple_agent:HTTP POST ->resources/a"),
+		e("weather:POST /b", "simple_agent:HTTP POST ->resources/b"),
+	})
+	for _, sp := range findSpans(s.spans, "POST /b") {
+		mustAttr(t, sp, "http.response.status_code", 201)
+	}
+}
+
+// Two rollouts in flight on one agent: a call from a /run handler could be
+// either's. Never guess.
+func TestAmbiguousParentsAreRoots(t *testing.T) {
+	s := newSim(t, "default")
+	g := newGymStack(s, false)
+	r0 := g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1))
+	r1 := g.collAgent[1].request(loader.MethodPOST, "/run", withRollout(1, 1, -1))
+	g.agentRes[0].request(loader.MethodPOST, "/seed_session").respond(200)
+	r0.respond(200)
+	g.agentRes[1].request(loader.MethodPOST, "/seed_session").respond(200) // only r1 left: resolvable
+	r1.respond(200)
+	clients := findSpans(s.spans, "HTTP POST")
+	if len(clients) != 2 {
+		t.Fatalf("%d client spans", len(clients))
+	}
+	amb, ok := clients[0], clients[1]
+	if amb.Parent.IsValid() {
+		t.Errorf("ambiguous call got a parent")
+	}
+	mustAttr(t, amb, "gymtrace.parent.unresolved", "ambiguous")
+	noAttr(t, amb, "nemo.gym.rollout.id")
+	if !ok.Parent.IsValid() {
+		t.Errorf("call with one /run in flight is a root")
+	}
+	noAttr(t, ok, "gymtrace.parent.unresolved")
+	mustAttr(t, ok, "nemo.gym.rollout.id", "1-1")
+	if st := s.b.Stats(); st.ParentAmbiguous != 1 {
+		t.Errorf("ParentAmbiguous = %d", st.ParentAmbiguous)
+	}
+}
+
+// With asyncio contexts bound (issue 4), concurrent rollouts resolve exactly.
+func TestContextBindingResolvesConcurrency(t *testing.T) {
+	s := newSim(t, "default")
+	g := newGymStack(s, false)
+	runs := []*call{
+		g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1)),
+		g.collAgent[1].request(loader.MethodPOST, "/run", withRollout(1, 1, -1)),
+	}
+	// The handler task of each /run gets a Context; a gather child copies it.
+	for i, c := range g.collAgent[:2] {
+		ctx := uint64(0x1000 + i)
+		if !s.b.BindContext(pidAgent, ctx, 0, c.srvConn) {
+			t.Fatal("BindContext by connection failed")
+		}
+		if !s.b.BindContext(pidAgent, ctx+0x100, ctx, 0) {
+			t.Fatal("BindContext by parent context failed")
+		}
+	}
+	g.agentRes[1].request(loader.MethodPOST, "/seed_session", withCtx(0x1001)).respond(200)
+	g.agentRes[0].request(loader.MethodPOST, "/seed_session", withCtx(0x1100)).respond(200)
+	for _, r := range runs {
+		r.respond(200)
+	}
+	rollout := map[string]string{}
+	for _, sp := range findSpans(s.spans, "gym.rollout") {
+		v, _ := attr(sp, "nemo.gym.rollout.id")
+		rollout[sp.SpanID.String()] = v.AsString()
+	}
+	for _, sp := range findSpans(s.spans, "HTTP POST") {
+		v, _ := attr(sp, "nemo.gym.rollout.id")
+		if got := rollout[sp.Parent.String()]; got == "" || got != v.AsString() {
+			t.Errorf("client span rollout %q under parent of rollout %q", v.AsString(), got)
+		}
+	}
+	if st := s.b.Stats(); st.ParentByContext != 2 || st.ParentAmbiguous != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if len(s.b.ctx) != 0 {
+		t.Errorf("%d context bindings left after the requests ended", len(s.b.ctx))
+	}
+}
+
+// A process whose asyncio context gymtrace cannot read (an unrecognised
+// uvloop build): its unresolvable calls say why, and are counted.
+func TestNoContextReason(t *testing.T) {
+	s := newSim(t, "default")
+	g := newGymStack(s, false)
+	s.b.SetNoContext(pidAgent, "uvloop_unrecognized")
+	r0 := g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1))
+	r1 := g.collAgent[1].request(loader.MethodPOST, "/run", withRollout(1, 1, -1))
+	g.agentRes[0].request(loader.MethodPOST, "/seed_session").respond(200)
+	r0.respond(200)
+	r1.respond(200)
+	clients := findSpans(s.spans, "HTTP POST")
+	if len(clients) != 1 || clients[0].Parent.IsValid() {
+		t.Fatalf("want one client span without a parent, got %d", len(clients))
+	}
+	mustAttr(t, clients[0], "gymtrace.parent.unresolved", "uvloop_unrecognized")
+	if st := s.b.Stats(); st.ParentAmbiguous != 1 || st.ParentNoContext != 1 {
+		t.Errorf("ParentAmbiguous = %d, ParentNoContext = %d; want 1, 1", st.ParentAmbiguous, st.ParentNoContext)
+	}
+	if c := s.b.Counts(pidAgent); c.Served != 2 || c.Made != 1 {
+		t.Errorf("agent counts %+v, want 2 served, 1 made", c)
+	}
+}
