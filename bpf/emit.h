@@ -1,0 +1,113 @@
+// Records to the ring buffer: a message's request or response record, a
+// close, and the end of a message. Included by bpf/syscalls.h.
+#pragma once
+
+static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io)
+{
+	if (gt_prof_skip & 2)
+		return;
+	if (c->skip_ring & (1ULL << (c->req.seq & 63)))
+		return; // decided after the gate: not sampled upstream
+	__u64 t0 = gt_prof_begin();
+#ifdef GT_INJECT
+	// Injection: the calls this request's handler makes must carry its
+	// trace before userspace has seen the request (records wait for the
+	// reader's poll). A request that carried traceparent was published when
+	// its headers were parsed; for one that did not, in a process whose
+	// calls can be injected, the kernel starts the trace itself, here, in
+	// the syscall that completes the request (so before the handler runs),
+	// and userspace adopts it. No reader wakeup is needed.
+	int wake = 0;
+	if (c->side == GT_SIDE_SERVER && !(c->req.flags & GT_F_TRACEPARENT) && gt_inject_proc(io->tgid)) {
+		// A traced caller on this host whose call went without a header
+		// (its connection predates gymtrace): userspace joins the request
+		// to the caller's trace by the connection's tuple and publishes
+		// that; wake it rather than publish a trace it will replace.
+		if (gt_inject_pair(c, GT_PAIR_LOOKUP))
+			wake = 1;
+		else
+			gt_inject_root(c);
+	}
+#endif
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return;
+	}
+	__builtin_memcpy(e, &c->req, sizeof(*e));
+	e->flags |= gt_tls_ev_flag(c);
+	e->end_ns = io->now;
+	e->body_len = d->body_len;
+#ifdef GT_INJECT
+	if (wake)
+		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	else
+#endif
+	gt_submit(e);
+	c->emitted_ring |= 1ULL << (c->req.seq & 63);
+	gt_prof_end(GT_PROF_EMIT, t0);
+}
+
+static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
+{
+	if (gt_prof_skip & 2)
+		return;
+	__u64 t0 = gt_prof_begin();
+	// Only the fixed head: a response has no path, host, traceparent or
+	// rollout, and a third of the bytes is a third of the cache lines.
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return;
+	}
+	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);
+	e->kind = GT_EV_RESPONSE;
+	e->side = c->side;
+	e->role = io->role;
+	e->flags = c->resp_flags | extra | gt_tls_ev_flag(c);
+	e->status = c->resp_status;
+	e->pid = io->tgid;
+	e->tid = io->tid;
+	e->fd = io->fd;
+	e->conn_id = c->conn_id;
+	e->seq = c->resp_seq - 1;
+	e->start_ns = d->start_ns;
+	e->end_ns = io->now;
+	e->body_len = d->body_len;
+	e->tuple = c->tuple;
+	gt_submit(e);
+	gt_prof_end(GT_PROF_EMIT, t0);
+}
+
+static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, __u16 flags)
+{
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		return;
+	}
+	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);
+	e->kind = GT_EV_CLOSE;
+	e->side = c->side;
+	e->role = io->role;
+	e->flags = flags | gt_tls_ev_flag(c);
+	e->pid = io->tgid;
+	e->tid = io->tid;
+	e->fd = io->fd;
+	e->conn_id = c->conn_id;
+	e->seq = c->req_seq;
+	e->start_ns = io->now;
+	e->end_ns = io->now;
+	e->tuple = c->tuple;
+	gt_submit(e);
+}
+
+// The message in direction d has ended.
+static __always_inline void gt_finish(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
+{
+	if (d->is_req)
+		gt_emit_request(c, d, io);
+	else
+		gt_emit_response(c, d, io, extra);
+	d->phase = GT_PH_IDLE;
+}

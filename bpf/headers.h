@@ -1,0 +1,187 @@
+// The header block of a message: the scan for the headers gymtrace reads
+// (framing, Host, traceparent, ...) and the choice of body framing once it
+// ends. Included by bpf/syscalls.h.
+#pragma once
+
+// Headers of the message in direction d are complete: choose its body framing.
+static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d, struct gt_io *io)
+{
+	d->body_len = 0;
+	if (d->is_req) {
+		if (d->chunked) {
+			c->req.flags |= GT_F_CHUNKED;
+			d->phase = GT_PH_CHUNKED;
+			d->chunk_phase = GT_CH_SIZE;
+		} else if (d->cl > 0) {
+			d->phase = GT_PH_BODY_CL;
+			d->remaining = d->cl;
+		} else {
+			gt_finish(c, d, io, 0);
+		}
+		return;
+	}
+	__u16 st = c->resp_status;
+	if (st >= 100 && st < 200 && st != 101) {
+		// Interim (100 Continue): not the request's response; wait for
+		// the final one.
+		d->phase = GT_PH_IDLE;
+		return;
+	}
+	__u64 ridx = c->resp_seq - 1;
+	int head = (c->head_ring >> (ridx & 63)) & 1;
+	if (st == 101) {
+		gt_finish(c, d, io, GT_F_UPGRADE);
+		c->kind = GT_CONN_UPGRADED;
+	} else if (head || st == 204 || st == 304) {
+		gt_finish(c, d, io, 0);
+	} else if (d->chunked) {
+		c->resp_flags |= GT_F_CHUNKED;
+		d->phase = GT_PH_CHUNKED;
+		d->chunk_phase = GT_CH_SIZE;
+	} else if (d->cl >= 0) {
+		if (d->cl == 0) {
+			gt_finish(c, d, io, 0);
+		} else {
+			d->phase = GT_PH_BODY_CL;
+			d->remaining = d->cl;
+		}
+	} else {
+		d->phase = GT_PH_BODY_EOF;
+	}
+}
+
+// Parses (part of) a header block from the user buffer. first: the buffer
+// starts with the message's start line. Returns bytes consumed, or -1 when the
+// rest of the buffer belongs to this header block or is to be ignored.
+static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+{
+	if (!c || !io)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	int first = io->hdr_first;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	// A header line cut by the previous syscall goes first, whole.
+	__u32 carry = (!first && c->carry_len && c->carry_dir == io->dir) ? c->carry_len : 0;
+	if (carry > GT_CARRY)
+		carry = 0;
+	c->carry_len = 0;
+	if (carry)
+		__builtin_memcpy(sc->buf, c->carry, GT_CARRY);
+	// Most header blocks fit in 512 bytes: read that much first, and the rest of
+	// the window only when the block goes on.
+	__u32 max = avail > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : avail;
+	__u32 nr = max > 512 ? 512 : max;
+	__u32 n = 0;
+	// A client request injection looked at in this syscall's sys_enter: the
+	// same read and scan of the same bytes (its whole head, which the check
+	// required), unless anything else used the scratch since.
+	int reuse = first && !carry && d->is_req && io->scan_gen && sc->reuse_gen == io->scan_gen &&
+		    sc->reuse_id == ((__u64)io->tgid << 32 | io->tid) && sc->reuse_ubuf == ubuf &&
+		    sc->reuse_max == max && sc->reuse_n && sc->reuse_n <= max && sc->scan.end >= 0;
+	sc->reuse_id = 0;
+	io->scan_gen = 0;
+	if (reuse) {
+		nr = sc->reuse_n;
+		if (nr > GT_SCRATCH - 128)
+			return -1;
+		n = nr;
+		gt_stat_add(GT_STAT_SCAN_REUSED, 1);
+	}
+#pragma unroll
+	for (int attempt = 0; attempt < 2 && !reuse; attempt++) {
+		if (attempt == 1) {
+			if (sc->scan.end >= 0 || nr >= max)
+				break;
+			nr = max;
+		}
+		if (nr == 0 || nr > GT_SCRATCH - 128 || bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
+			return -1;
+		n = carry + nr;
+		// The start line is not a header (gt_start_request copied the path).
+		gt_scan_begin(sc, first ? 1 : (carry ? 0 : d->mid_line));
+		__u64 t1 = gt_prof_begin();
+		gt_scan_headers(sc, n, d->is_req);
+		gt_prof_end(GT_PROF_SCAN, t1);
+	}
+	int end = sc->scan.end;
+	if (end >= 0)
+		end -= carry; // bytes of this buffer that belong to the block
+	d->mid_line = 0;
+	if (end < 0 && sc->scan.ls < n) {
+		__u32 tail = n - sc->scan.ls;
+		if (tail <= GT_CARRY && nr == avail) {
+			__u32 tl = tail;
+			// Keep the bound where the verifier sees it (the compiler
+			// would drop a mask it proves redundant).
+			asm volatile("%0 &= 127" : "+r"(tl));
+			bpf_probe_read_kernel(c->carry, tl, &sc->buf[sc->scan.ls & GT_SCRATCH_MASK]);
+			c->carry_len = tail;
+			c->carry_dir = io->dir;
+		} else {
+			d->mid_line = 1;
+		}
+	}
+	if (sc->scan.cl >= 0)
+		d->cl = sc->scan.cl;
+	if (sc->scan.chunked)
+		d->chunked = 1;
+	if (sc->scan.upgrade)
+		d->upgrade = 1;
+	if (d->is_req && sc->scan.tp_found) {
+		bpf_probe_read_kernel(c->req.traceparent, GT_TRACEPARENT_LEN, &sc->buf[sc->scan.tp_at & GT_SCRATCH_MASK]);
+		c->req.flags |= GT_F_TRACEPARENT;
+		// An inbound request its caller did not sample (flags 00): its
+		// spans would be dropped, so nothing of the exchange is copied out.
+		// Framing is still followed so the connection stays in step.
+		if (c->side == GT_SIDE_SERVER && c->req.traceparent[53] == '0' && c->req.traceparent[54] == '0' &&
+		    c->req.traceparent[2] == '-' && (io->mask & GT_GROUP_SERVER)) {
+			c->skip_ring |= 1ULL << (c->req.seq & 63);
+			gt_stat_add(GT_STAT_UNSAMPLED, 1);
+		}
+#ifdef GT_INJECT
+		gt_inject_inbound(c, io);
+#endif
+	}
+	if (d->is_req && sc->scan.host_found) {
+		// The value up to the line's end, which the scan knows: one copy,
+		// and not a byte of the next header.
+		__u32 hl = sc->scan.host_len;
+		if (hl > GT_HOST_MAX - 1)
+			hl = GT_HOST_MAX - 1;
+		asm volatile("%0 &= 63" : "+r"(hl));
+		if (hl)
+			bpf_probe_read_kernel(c->req.host, hl, &sc->buf[sc->scan.host_at & GT_SCRATCH_MASK]);
+		c->req.host_len = hl;
+		c->req.flags |= GT_F_HOST;
+	}
+	n = nr;
+	d->hdr_scanned += n;
+	if (end >= 0) {
+		gt_headers_done(c, d, io);
+		return end;
+	}
+	if (nr < avail || d->hdr_scanned > GT_MAX_HDR_BYTES || sc->scan.nl_count >= GT_MAX_LINES) {
+		// The block is larger than the kernel scans: report what we have,
+		// with framing lost, and resynchronise at the next message start.
+		gt_stat_add(GT_STAT_HDR_TRUNCATED, 1);
+		if (d->is_req)
+			c->req.flags |= GT_F_HDR_TRUNCATED | GT_F_BODY_UNKNOWN;
+		gt_finish(c, d, io, GT_F_HDR_TRUNCATED | GT_F_BODY_UNKNOWN);
+		d->phase = GT_PH_SKIP;
+		return -1;
+	}
+	d->phase = GT_PH_HEADERS;
+	return -1;
+}
+
+// Global (non-static) functions are verified once, on their own, instead of
+// once per call site and caller state: that keeps verification linear.
+__noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+{
+	__u64 t0 = gt_prof_begin();
+	int r = gt_headers_body(c, io, ubuf, avail);
+	gt_prof_end(GT_PROF_HEADERS, t0);
+	return r;
+}

@@ -1,0 +1,61 @@
+// One traced read or write as the programs see it: its kind, the gate and
+// process facts copied from the maps, and its arguments read back from the
+// saved registers (only sys_exit_* is hooked). Included by bpf/syscalls.h.
+#pragma once
+
+#define GT_EAGAIN 11
+#define GT_EINTR 4
+#define GT_EINPROGRESS 115
+
+enum gt_io_kind {
+	GT_IO_PLAIN = 0, // (fd, buf, len)
+	GT_IO_IOV = 1,   // (fd, iov, iovcnt)
+	GT_IO_MSG = 2,   // (fd, msghdr)
+};
+
+struct gt_io {
+	__u64 now;
+	__u32 tgid;
+	__u32 tid;
+	__s32 fd;
+	__u8 dir; // 0: bytes read, 1: bytes written
+	__u8 role;
+	__u8 hdr_first; // gt_headers: the buffer starts with the start line
+	// The gate, copied from gt_config: global functions take no map pointers.
+	__u32 cfg_flags;
+	__u32 cfg_gen;
+	__u64 mask;
+	__u64 server_possible; // for this process's role
+	__u64 client_possible;
+	// gt_inject_note: the header scan injection made for this write at its
+	// sys_enter (struct gt_scratch reuse_*), 0 if none.
+	__u64 scan_gen;
+};
+
+struct gt_iovec {
+	__u64 base;
+	__u64 len;
+};
+
+struct gt_msghdr {
+	__u64 name;
+	__u32 namelen;
+	__u32 _pad;
+	__u64 iov;
+	__u64 iovlen;
+};
+
+static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+#if defined(__TARGET_ARCH_x86)
+	*a0 = BPF_CORE_READ(regs, di);
+	*a1 = BPF_CORE_READ(regs, si);
+	*a2 = BPF_CORE_READ(regs, dx);
+#elif defined(__TARGET_ARCH_arm64)
+	// x0 holds the return value by now; the first argument survives in orig_x0.
+	*a0 = BPF_CORE_READ(regs, orig_x0);
+	*a1 = BPF_CORE_READ(regs, regs[1]);
+	*a2 = BPF_CORE_READ(regs, regs[2]);
+#endif
+}

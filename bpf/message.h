@@ -1,0 +1,425 @@
+// The HTTP/1.x message state machine proper: message starts, chunked bodies,
+// one step over a user buffer, and a whole buffer. Included by bpf/syscalls.h.
+#pragma once
+
+static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
+{
+	d->chunk_phase = 0;
+	d->mid_line = 0;
+	d->hdr_scanned = 0;
+	d->cl = -1;
+	d->chunked = 0;
+	d->upgrade = 0;
+	d->scan_rollout = 0;
+	d->remaining = 0;
+	d->body_len = 0;
+	d->start_ns = now;
+}
+
+// A request line starts at ubuf. Decides the gate for the whole exchange.
+static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u64 ubuf,
+					    __u32 avail, __u8 method, __u8 path_at)
+{
+	__u64 idx = c->req_seq++;
+	__u64 bit = 1ULL << (idx & 63);
+	c->skip_ring &= ~bit;
+	c->emitted_ring &= ~bit;
+	if (method == GT_M_HEAD)
+		c->head_ring |= bit;
+	else
+		c->head_ring &= ~bit;
+
+	gt_reset_dir(d, io->now);
+	struct http_event *ev = &c->req;
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->kind = GT_EV_REQUEST;
+	ev->side = c->side;
+	ev->method = method;
+	ev->role = io->role;
+	ev->pid = io->tgid;
+	ev->tid = io->tid;
+	ev->fd = io->fd;
+	ev->conn_id = c->conn_id;
+	ev->seq = idx;
+	ev->start_ns = io->now;
+	ev->tuple = c->tuple;
+	ev->rollout.task = -1;
+	ev->rollout.rollout = -1;
+	ev->rollout.attempt = -1;
+	if (!c->started)
+		ev->flags |= GT_F_RESYNC;
+	if (c->fresh)
+		ev->flags |= GT_F_FRESH;
+	c->msg_ubuf = ubuf;
+	if (!(gt_prof_skip & 4))
+		gt_py_note(c, io);
+	__u64 t0 = gt_prof_begin();
+
+	// The path is needed before the gate can decide (routes pick gym.* groups);
+	// it is read into the per-CPU scratch, never into the ring buffer, so a
+	// gated-off request copies nothing out.
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	// The same bytes as the injection scan of this very write read, when it
+	// is ours: keep that scan; anyone else's is void once buf changes.
+	if (sc->reuse_id != ((__u64)io->tgid << 32 | io->tid) || sc->reuse_ubuf != ubuf)
+		sc->reuse_id = 0;
+	__u32 n = avail > GT_PATH_MAX + 16 ? GT_PATH_MAX + 16 : avail;
+	if (bpf_probe_read_user(sc->buf, n & 0xff, (void *)ubuf))
+		return -1;
+	gt_copy_path(sc->buf, path_at, n, ev);
+
+	__u64 groups;
+	__u64 mask = io->mask;
+	if (c->side == GT_SIDE_SERVER) {
+		groups = GT_GROUP_SERVER;
+		__u64 t1 = gt_prof_begin();
+		gt_route_key_from(&sc->route_key, ev, io->role);
+		__u64 *rg = bpf_map_lookup_elem(&gt_routes, &sc->route_key);
+		if (rg)
+			groups |= *rg;
+		gt_prof_end(GT_PROF_ROUTE, t1);
+	} else {
+		groups = GT_GROUP_HTTP_CLIENT;
+	}
+	ev->groups = groups;
+	if (!(gt_prof_skip & 8))
+		gt_count_groups(groups, mask);
+	if (!(groups & mask) && !(io->cfg_flags & GT_CFG_NO_GATE)) {
+		c->skip_ring |= bit;
+		d->phase = GT_PH_SKIP;
+		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);
+		return -1;
+	}
+	d->scan_rollout = (groups & GT_GROUP_ROLLOUT) && (io->mask & GT_GROUP_ROLLOUT) &&
+			  (io->cfg_flags & GT_CFG_ROLLOUT_IDS);
+	io->hdr_first = 1;
+	gt_prof_end(GT_PROF_START_REQ, t0);
+	return gt_headers(c, io, ubuf, avail);
+}
+
+static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u64 ubuf,
+					     __u32 avail, __u16 status)
+{
+	gt_reset_dir(d, io->now);
+	if (status >= 100 && status < 200 && status != 101) {
+		// Interim (100 Continue): parse past its header block, keep waiting
+		// for the final response of the same request.
+		c->resp_status = status;
+		io->hdr_first = 1;
+		return gt_headers(c, io, ubuf, avail);
+	}
+	// Even for a gated-off exchange: the next request's handler task may be
+	// born from this response's context (keep-alive), and must not inherit
+	// this request's root.
+	if (c->side == GT_SIDE_SERVER) {
+		c->msg_ubuf = ubuf;
+		gt_py_note(c, io);
+	}
+	__u64 idx = c->resp_seq++;
+	__u64 bit = 1ULL << (idx & 63);
+	if (idx >= c->req_seq || (c->skip_ring & bit) || !(c->emitted_ring & bit)) {
+		// Gated off, or its request was never seen (attached mid-exchange).
+		if (idx >= c->req_seq)
+			c->resp_seq = c->req_seq;
+		d->phase = GT_PH_SKIP;
+		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);
+		return -1;
+	}
+	c->resp_status = status;
+	c->resp_flags = 0;
+	io->hdr_first = 1;
+	return gt_headers(c, io, ubuf, avail);
+}
+
+// Follows chunked framing from off. Returns the new offset, or -1 when
+// framing was lost.
+__noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
+{
+	if (!c || !io)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	sc->loops.chunk_off = off;
+	sc->loops.chunk_err = 0;
+	int k;
+	gt_for(k, 0, GT_MAX_CHUNKS_PER_BUF)
+	{
+		__u32 o = sc->loops.chunk_off;
+		if (o >= len || d->phase != GT_PH_CHUNKED)
+			break;
+		__u32 avail = len - o;
+		if (d->chunk_phase != GT_CH_SIZE) {
+			__u64 take = d->remaining < avail ? d->remaining : avail;
+			d->remaining -= take;
+			sc->loops.chunk_off = o + take;
+			if (d->chunk_phase == GT_CH_DATA)
+				d->body_len += take;
+			if (d->remaining)
+				continue;
+			if (d->chunk_phase == GT_CH_LAST) {
+				gt_finish(c, d, io, GT_F_CHUNKED);
+				break;
+			}
+			d->body_len -= 2; // the CRLF after each chunk's data is framing
+			d->chunk_phase = GT_CH_SIZE;
+			continue;
+		}
+		// The chunk-size line, parsed with its state in map memory.
+		__u32 n = avail < GT_PEEK ? avail : GT_PEEK;
+		if (bpf_probe_read_user(sc->loops.line, n & 31, (void *)(ubuf + o)))
+			return -1;
+		sc->loops.csize = 0;
+		sc->loops.cnl = -1;
+		sc->loops.cdigits = 0;
+		sc->loops.cext = 0;
+		int j;
+		gt_for(j, 0, GT_PEEK)
+		{
+			if (j >= n)
+				break;
+			__u8 ch = sc->loops.line[j & (GT_PEEK - 1)];
+			if (ch == '\n') {
+				sc->loops.cnl = j;
+				break;
+			}
+			if (sc->loops.cext || ch == '\r')
+				continue;
+			if (ch == ';') {
+				sc->loops.cext = 1;
+				continue;
+			}
+			__u8 lc = ch | 0x20;
+			__u8 v;
+			if (ch >= '0' && ch <= '9')
+				v = ch - '0';
+			else if (lc >= 'a' && lc <= 'f')
+				v = lc - 'a' + 10;
+			else
+				break;
+			sc->loops.csize = (sc->loops.csize << 4) | v;
+			sc->loops.cdigits++;
+		}
+		__s32 nl = sc->loops.cnl;
+		__u64 size = sc->loops.csize;
+		if (nl < 0 || !sc->loops.cdigits) {
+			// A size line split across syscalls, or not chunked framing
+			// after all: framing is lost here. The caller looks for a
+			// message start at this offset.
+			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
+			sc->loops.chunk_err = 1;
+			return sc->loops.chunk_off;
+		}
+		sc->loops.chunk_off = o + nl + 1;
+		if (size == 0) {
+			d->chunk_phase = GT_CH_LAST;
+			d->remaining = 2; // the final CRLF (trailers are not used by Gym's servers)
+		} else {
+			d->chunk_phase = GT_CH_DATA;
+			d->remaining = size + 2;
+		}
+	}
+	return sc->loops.chunk_off;
+}
+
+// Reads the first bytes of a buffer that should start a message into
+// sc->peek, after any bytes kept from the previous syscall of the same
+// direction. Returns their count, or 0 when the buffer was too short to tell
+// and was kept (Go's net/http server reads a single byte ahead after each
+// request, so a request's first byte can arrive alone).
+__noinline int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+{
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc || !c || !io)
+		return -1;
+	__u32 pl = (c->partial_len && c->partial_dir == io->dir) ? c->partial_len : 0;
+	c->partial_len = 0;
+	if (pl > sizeof(c->partial))
+		pl = sizeof(c->partial);
+	__builtin_memcpy(sc->peek, c->partial, sizeof(c->partial));
+	__u32 room = GT_PEEK - pl;
+	__u32 got = avail < room ? avail : room;
+	if (got == 0 || got > GT_PEEK)
+		return -1;
+	if (bpf_probe_read_user(&sc->peek[pl & 15], got, (void *)ubuf))
+		return -1;
+	__u32 n = pl + got;
+	if (pl || avail >= 12)
+		return n;
+	// Fewer bytes than a start line needs: keep them if they could be its
+	// head (upper-case letters, or a prefix of "HTTP/1."). A wrong guess
+	// costs nothing: the next syscall completes a start or they are dropped.
+	const char http[] = "HTTP/1.";
+	sc->peek_flags = 0;
+	int j;
+	gt_for(j, 0, 11)
+	{
+		if (j >= n)
+			break;
+		__u8 ch = sc->peek[j & 31];
+		if (ch < 'A' || ch > 'Z')
+			sc->peek_flags |= 1;
+		if (j < 7 && ch != (__u8)http[j & 7])
+			sc->peek_flags |= 2;
+	}
+	if ((sc->peek_flags & 3) == 3)
+		return n; // not a start: let the caller count it
+	__builtin_memcpy(c->partial, sc->peek, sizeof(c->partial));
+	c->partial_len = n;
+	c->partial_dir = io->dir;
+	return 0;
+}
+
+// One step of the state machine at offset off of a user buffer: consumes a
+// message start, a header block, or body bytes. Returns bytes consumed, or -1
+// when the rest of the buffer is to be ignored.
+__noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
+{
+	if (!c || !io || off >= len)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	__u32 avail = len - off;
+	switch (d->phase) {
+	case GT_PH_IDLE:
+	case GT_PH_SKIP: {
+		struct gt_scratch *sc = gt_get_scratch();
+		if (!sc)
+			return -1;
+		__u32 pl = (c->partial_len && c->partial_dir == io->dir) ? c->partial_len : 0;
+		__u64 t0 = gt_prof_begin();
+		int n = gt_peek_start(c, io, ubuf + off, avail);
+		if (n <= 0)
+			return -1; // read error, or kept as a partial start
+		__u16 arg = 0;
+		__u8 mlen = 0;
+		int kind = gt_classify(sc->peek, n, &arg, &mlen);
+		gt_prof_end(GT_PROF_PEEK, t0);
+		if (kind == GT_START_NONE) {
+			if (d->phase == GT_PH_IDLE) {
+				// Not at a message start: a connection picked up mid-body,
+				// or not HTTP at all. Wait for the next start.
+				gt_stat_add(c->started ? GT_STAT_PARSE_ERROR : GT_STAT_NOT_HTTP, 1);
+				d->phase = GT_PH_SKIP;
+			}
+			return -1;
+		}
+		if (c->side == GT_SIDE_UNKNOWN) {
+			int req = kind == GT_START_REQUEST;
+			__u8 side = (req == (io->dir == 0)) ? GT_SIDE_SERVER : GT_SIDE_CLIENT;
+			// The side decides which groups are possible at all.
+			__u64 possible = side == GT_SIDE_SERVER ? io->server_possible
+								: io->client_possible;
+			if (!(possible & io->mask) && !(io->cfg_flags & GT_CFG_NO_GATE))
+				return -1;
+			c->side = side;
+			c->dir[0].is_req = side == GT_SIDE_SERVER;
+			c->dir[1].is_req = side == GT_SIDE_CLIENT;
+			if (c->started)
+				gt_stat_add(GT_STAT_RESYNC, 1);
+#ifdef GT_INJECT
+			if (side == GT_SIDE_CLIENT)
+				gt_inject_pair(c, GT_PAIR_ADD);
+#endif
+		}
+		if ((kind == GT_START_REQUEST) != d->is_req) {
+			d->phase = GT_PH_SKIP;
+			return -1;
+		}
+		int r;
+		if (kind == GT_START_REQUEST) {
+			// The request target, in this buffer (the method may have come
+			// before, in the kept partial bytes).
+			int at = (int)mlen + 1 - (int)pl;
+			r = gt_start_request(c, d, io, ubuf + off, avail, arg, at < 0 ? 0 : at);
+		}
+		else
+		{
+			__u64 t1 = gt_prof_begin();
+			r = gt_start_response(c, d, io, ubuf + off, avail, arg);
+			gt_prof_end(GT_PROF_START_RESP, t1);
+		}
+		c->started = 1;
+		return r;
+	}
+	case GT_PH_HEADERS:
+		io->hdr_first = 0;
+		return gt_headers(c, io, ubuf + off, avail);
+	case GT_PH_BODY_CL: {
+		__u64 take = d->remaining < avail ? d->remaining : avail;
+		if (d->scan_rollout && d->is_req) {
+			__u64 t0 = gt_prof_begin();
+			gt_scan_rollout(&c->req, ubuf + off, take);
+			gt_prof_end(GT_PROF_ROLLOUT, t0);
+		}
+		d->remaining -= take;
+		d->body_len += take;
+		if (!d->remaining)
+			gt_finish(c, d, io, 0);
+		return take;
+	}
+	case GT_PH_CHUNKED: {
+		int o = gt_chunks(c, io, ubuf, off, len);
+		struct gt_scratch *sc = gt_get_scratch();
+		if (o < 0 || !sc) {
+			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+			d->phase = GT_PH_SKIP;
+			return -1;
+		}
+		if (sc->loops.chunk_err) {
+			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+			d->phase = GT_PH_SKIP;
+			// Zero consumed: the next step looks for a start right here.
+			return (__u32)o > off ? o - off : 0;
+		}
+		return o - off;
+	}
+	case GT_PH_BODY_EOF:
+		d->body_len += avail;
+		return -1;
+	}
+	return -1;
+}
+
+// Runs the state machine over one contiguous user buffer; a buffer may hold
+// the end of one message and the start of the next (pipelining, keep-alive).
+__noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 len)
+{
+	if (!c || !io)
+		return 0;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 0;
+	sc->loops.proc_off = 0;
+	sc->loops.steps = 0;
+	int m;
+	gt_for(m, 0, GT_MAX_STEPS_PER_BUF)
+	{
+		__u32 off = sc->loops.proc_off;
+		if (off >= len || c->kind != GT_CONN_HTTP)
+			break;
+		int r = gt_step(c, io, ubuf, off, len);
+		if (r < 0)
+			break;
+		// gt_step may have used the scratch: look it up again.
+		sc = gt_get_scratch();
+		if (!sc)
+			break;
+		sc->loops.proc_off = off + r;
+		sc->loops.steps = m + 1;
+	}
+	// Out of steps mid-body (hundreds of chunks in one buffer): the rest of
+	// the buffer was not followed, so framing is lost rather than wrong.
+	sc = gt_get_scratch();
+	if (sc && sc->loops.steps >= GT_MAX_STEPS_PER_BUF && sc->loops.proc_off < len) {
+		struct gt_dir *d = &c->dir[io->dir & 1];
+		if (d->phase == GT_PH_CHUNKED || d->phase == GT_PH_HEADERS) {
+			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
+			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+			d->phase = GT_PH_SKIP;
+		}
+	}
+	return 0;
+}

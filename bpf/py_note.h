@@ -1,0 +1,72 @@
+// asyncio causality at each message start (bpf/python.h): what the syscall
+// path records of the thread's current Context. Included by bpf/syscalls.h.
+#pragma once
+
+// The asyncio part of gt_py_note, with its outputs and map keys in per-CPU
+// map memory: it runs at the bottom of the syscall and TLS programs' call
+// chains, whose combined stack this kernel's verifier bounds at 512 bytes.
+// drop_only: the context was read at the write's sys_enter
+// (injection); only the uvloop write probe's record of the buffer, if any,
+// is dropped (see gt_py_context_w).
+static __always_inline int gt_py_note_ctx(struct gt_conn *c, struct gt_io *io, int drop_only)
+{
+	struct gt_py_scratch *ps = gt_py_scr();
+	if (!c || !io || !ps)
+		return 0;
+	if (drop_only) {
+		ps->wk.tgid = io->tgid;
+		ps->wk._pad = 0;
+		ps->wk.addr = c->msg_ubuf;
+		bpf_map_delete_elem(&gt_py_wbufs, &ps->wk);
+		return 0;
+	}
+	int is_req = c->dir[io->dir & 1].is_req;
+	int server_req = c->side == GT_SIDE_SERVER && is_req;
+	if (gt_py_context_w(io->tgid, io->tid, io->dir ? c->msg_ubuf : 0, 1, io->fd, server_req ? c->conn_id : 0,
+			    &ps->ctx, &ps->root) != GT_PY_OK)
+		return 0;
+	if (c->side == GT_SIDE_SERVER) {
+		if (is_req) {
+			gt_py_mark_spawner(ps->ctx, io->tgid, io->fd, c->conn_id);
+			gt_py_mark_spawner(c->last_resp_ctx, io->tgid, io->fd, c->conn_id);
+			c->req.py_ctx = ps->ctx;
+			c->req.py_root = ps->root;
+		} else {
+			c->last_resp_ctx = ps->ctx;
+		}
+	} else if (is_req) {
+		c->req.py_ctx = ps->ctx;
+		c->req.py_root = ps->root;
+		gt_py_cause(ps->root, &c->req.cause_conn, &c->req.cause_seq);
+	}
+	return 0;
+}
+
+// asyncio causality at a message start (bpf/python.h). Server request: its
+// reader context, and the context that started the connection's previous
+// response, may create the request's handler task (spawners). Server
+// response: remember its context for the next request. Client request: name
+// the inbound request whose handler makes the call. One map lookup and out
+// for processes that are not Python.
+__noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
+{
+	if (!c || !io)
+		return 0;
+	__u64 t0 = gt_prof_begin();
+#ifdef GT_INJECT
+	// A client request whose context injection's sys_enter program already
+	// read (bpf/inject.h) needs nothing more.
+	int is_req = c->dir[io->dir & 1].is_req;
+	int done = gt_inject_note(c, io);
+	gt_prof_end(GT_PROF_INJ_NOTE, t0);
+	if (done && c->side == GT_SIDE_CLIENT && is_req) {
+		if (c->msg_ubuf)
+			gt_py_note_ctx(c, io, 1);
+		gt_prof_end(GT_PROF_PY_NOTE, t0);
+		return 0;
+	}
+#endif
+	gt_py_note_ctx(c, io, 0);
+	gt_prof_end(GT_PROF_PY_NOTE, t0);
+	return 0;
+}
