@@ -29,7 +29,7 @@ func (rep *Report) analyseWorkload() {
 		}
 		byRound[r.Config][r.Round] = r
 	}
-	for _, cfg := range workloadConfigs {
+	for _, cfg := range rowConfigs(rep.Settings.Baseline != "") {
 		rounds := byRound[cfg.Name]
 		if rounds == nil {
 			continue

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -342,5 +343,38 @@ func TestTargetsOnlyPrograms(t *testing.T) {
 	p := progDelta{Type: "TracePoint", Hits: 10, RuntimeNs: 5000, TargetHits: 4, IdleHits: 100, IdleRuntimeNs: 10000}
 	if p.targetHits() != 4 || p.targetRuntimeNs() != 5000-6*100 {
 		t.Errorf("tracepoint: target hits %d, run time %v; want 4 and 4400", p.targetHits(), p.targetRuntimeNs())
+	}
+}
+
+// With --baseline every traced row has its twin right after it (the two
+// builds interleaved in each round); a --configs filter keeps both.
+func TestBaselineRows(t *testing.T) {
+	rows := rowConfigs(true)
+	twins := 0
+	for i, c := range rows {
+		if !c.Baseline {
+			continue
+		}
+		twins++
+		if i == 0 || rows[i-1].Name+baselineSuffix != c.Name || !rows[i-1].Traced || rows[i-1].Baseline {
+			t.Errorf("twin %q does not follow its row", c.Name)
+		}
+	}
+	traced := 0
+	for _, c := range workloadConfigs {
+		if c.Traced {
+			traced++
+		}
+	}
+	if twins != traced || len(rowConfigs(false)) != len(workloadConfigs) {
+		t.Errorf("%d twins for %d traced rows", twins, traced)
+	}
+	got := pick(rowConfigs(true), "per_rollout")
+	var names []string
+	for _, c := range got {
+		names = append(names, c.Name)
+	}
+	if !slices.Contains(names, "per_rollout") || !slices.Contains(names, "per_rollout"+baselineSuffix) || !slices.Contains(names, "untraced") {
+		t.Errorf("pick(per_rollout) = %v", names)
 	}
 }

@@ -61,6 +61,7 @@ type options struct {
 	short                              bool
 	phases                             string
 	configs                            string
+	baseline                           string
 	rounds, rollouts, conc, warmup     int
 	taxRounds, taxIters                int
 	capSeconds, capReps                int
@@ -80,6 +81,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.from, "from", "", "analyse the raw runs of an earlier --json FILE again instead of measuring")
 	fs.BoolVar(&o.short, "short", false, "smoke run of about 2-3 minutes (CI); the default is the full run")
 	fs.StringVar(&o.phases, "phases", "workload,tax,capacity", "phases to run (workload includes per-program cost and the gate)")
+	fs.StringVar(&o.baseline, "baseline", "", "an older gymtrace binary: every traced workload row also runs with it, in the same rounds, as \"<row>, baseline\" (to compare two builds side by side)")
 	fs.StringVar(&o.configs, "configs", "", "only the workload rows whose name contains one of these comma-separated words, with their untraced rows (default: every row)")
 	fs.IntVar(&o.rounds, "rounds", 0, "interleaved rounds of the workload, best even: rounds run in forward-backward pairs (default 2 short, 10 full)")
 	fs.IntVar(&o.rollouts, "rollouts", 0, "rollouts per workload run (default 24 short, 200 full)")
@@ -185,6 +187,7 @@ func run(args []string) int {
 	rep := &Report{Machine: machine(o), Settings: Settings{
 		Rounds: o.rounds, Rollouts: o.rollouts, Concurrency: o.conc, TaxRounds: o.taxRounds, TaxIters: o.taxIters,
 		CapSeconds: o.capSeconds, CapReps: o.capReps, CapRates: o.conns, RecordBytes: ringbufRecordBytes(), Phases: o.phases, Configs: o.configs,
+		Baseline: o.baseline,
 	}}
 	if v := rep.Machine.BPFStatsSysctl; v == "1" {
 		rep.Notes = append(rep.Notes, "kernel.bpf_stats_enabled was already 1 when the run started: every BPF program on the host paid for two clock reads per run throughout (floor and gymtrace alike)")
@@ -200,7 +203,7 @@ func run(args []string) int {
 		}
 		rep.Raw.Workload, err = runWorkload(ctx, wlOptions{Root: root, Dir: o.work, Gymtrace: o.gymtrace,
 			Rounds: o.rounds, Rollouts: o.rollouts, Concurrency: o.conc, Warmup: o.warmup, Idle: idleWindow(o.short), Log: log,
-			Configs: o.configs})
+			Configs: o.configs, Baseline: o.baseline})
 		stats.Close()
 		if err != nil {
 			failures = append(failures, err.Error())

@@ -45,7 +45,8 @@ type Settings struct {
 	CapRates    []int    `json:"capacity_offered_rates"`
 	RecordBytes uint64   `json:"ringbuf_record_bytes"`
 	Phases      string   `json:"phases"`
-	Configs     string   `json:"configs,omitempty"` // --configs filter`
+	Configs     string   `json:"configs,omitempty"`  // --configs filter`
+	Baseline    string   `json:"baseline,omitempty"` // --baseline binary: each traced row has a twin run with it
 	FloorHooks  []string `json:"floor_hooks,omitempty"`
 }
 
@@ -154,7 +155,7 @@ func (rep *Report) complete(phases map[string]bool) error {
 			have[w.Config] = w.Rounds > 0 && (strings.HasPrefix(w.Config, "untraced") || w.Throughput.Valid())
 		}
 		gymOK := gymRuntimeMissing() == ""
-		for _, c := range pick(workloadConfigs, rep.Settings.Configs) {
+		for _, c := range pick(rowConfigs(rep.Settings.Baseline != ""), rep.Settings.Configs) {
 			if c.Runtime == runtimeGym && !gymOK {
 				continue // skipped, with a warning naming what is missing
 			}

@@ -29,6 +29,32 @@ type wlConfig struct {
 	NoGate  bool   // GYMTRACE_BENCH_NO_GATE=1
 	Runtime string // "" the host's 3.11, default loop, h11; runtimeGym
 	Args    []string
+	// Baseline: the row runs the --baseline binary (an older gymtrace),
+	// in the same rounds as the row it twins (rowConfigs).
+	Baseline bool
+}
+
+// baselineSuffix names a row's twin run with the --baseline binary.
+const baselineSuffix = ", baseline"
+
+// rowConfigs is every workload row: workloadConfigs and, with a baseline
+// binary, each traced row's twin right after it, so that the two binaries
+// are interleaved in every round.
+func rowConfigs(baseline bool) []wlConfig {
+	if !baseline {
+		return workloadConfigs
+	}
+	var out []wlConfig
+	for _, c := range workloadConfigs {
+		out = append(out, c)
+		if c.Traced {
+			b := c
+			b.Name += baselineSuffix
+			b.Baseline = true
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // runtimeGym: Gym's own runtime, CPython 3.13 with uvloop 0.21 and httptools
@@ -362,6 +388,7 @@ func tail(s string, n int) string {
 // wlOptions size the workload phase.
 type wlOptions struct {
 	Root, Dir, Gymtrace string
+	Baseline            string // --baseline: an older gymtrace binary, "" none
 	Rounds, Rollouts    int
 	Concurrency, Warmup int
 	Idle                time.Duration // idle window before each traced run
@@ -394,7 +421,7 @@ func runWorkload(ctx context.Context, o wlOptions) ([]wlRun, error) {
 		hc *hitCounter
 	}
 	rts := map[string]*rt{}
-	configs := pick(workloadConfigs, o.Configs)
+	configs := pick(rowConfigs(o.Baseline != ""), o.Configs)
 	if why := gymRuntimeMissing(); why != "" {
 		o.Log.Warn("the Gym-runtime rows are skipped", "why", why)
 		configs = slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return c.Runtime == runtimeGym })
@@ -448,8 +475,12 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 	var gt *gymtrace
 	if cfg.Traced {
 		var err error
+		bin := o.Gymtrace
+		if cfg.Baseline {
+			bin = o.Baseline
+		}
 		gt, err = startGymtrace(ctx, gymtraceOptions{
-			Bin: o.Gymtrace,
+			Bin: bin,
 			Args: append([]string{"--pid", st.pidArg(), "--span-groups", cfg.Spec,
 				"--exporter", "jsonl", "--output", "/dev/null"}, cfg.Args...),
 			NoGate:  cfg.NoGate,
