@@ -51,7 +51,7 @@ func (b *Builder) finishServer(in *inbound) {
 	// While the process's role is undecided its spans are held, and named
 	// again when it is (roles.go).
 	var rc *reclass
-	if b.undecided(in.proc, x.Role) {
+	if b.role(in.proc, x) == groups.RoleUnknown && roleSensitive(x.Method, x.Path) {
 		rc = &reclass{method: x.Method, path: x.Path, cands: in.gymCands}
 	}
 	if in.server != nil {

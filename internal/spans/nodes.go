@@ -33,6 +33,9 @@ type node struct {
 	// alias: a provisional gym.* span its process's role decided away; it
 	// is not returned, and its children hang under its parent.
 	alias bool
+	// prov: a provisional gym.* span not settled yet (roles.go): spans
+	// under it wait with it.
+	prov bool
 }
 
 func (n *node) root() *node {

@@ -47,6 +47,7 @@ func (b *Builder) startServer(x *http.Exchange) {
 	}
 	if provisional || in.ri.gymSpan != "" && mask.Has(in.ri.gymGroup) {
 		in.gym = b.newNode()
+		in.gym.prov = provisional
 		switch {
 		case in.server != nil:
 			in.gym.parent = in.server

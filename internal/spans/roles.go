@@ -26,10 +26,14 @@ import (
 //     process that is an agent, joined by the connection's 4-tuple or by the
 //     traceparent gymtrace injected into that agent's call: a model server.
 //
-// A process whose role is not decided yet has its spans held (bounded by
-// holdMaxAge and holdMaxSpans), then named all the same way once it is, so
-// names and gym.* spans do not depend on when the role became known. Past the
-// bound they are named by route shape alone and counted (Stats.RoleUndecided).
+// A process whose role is not decided yet has its role-dependent spans held
+// (bounded by holdMaxAge and holdMaxSpans), then named all the same way once
+// it is, so names and gym.* spans do not depend on when the role became
+// known. Past the bound they are named by route shape alone and counted
+// (Stats.RoleUndecided). Role-dependent: a server span whose route some kind
+// of Gym server names (or that carries /ng-rollout/<id>), a provisional
+// gym.* span, and the spans under one. A process that serves only other
+// routes (any non-Gym server, a resources server's tool routes) never waits.
 
 const (
 	holdMaxAge   = 3 * time.Second
@@ -109,6 +113,9 @@ func (b *Builder) reclassify(in *inbound, r groups.Role) {
 		}
 	}
 	in.ri = ri
+	if in.gym != nil {
+		in.gym.prov = false
+	}
 }
 
 // provisionalGym opens, for a request of an undecided process whose route
@@ -138,6 +145,33 @@ func (b *Builder) inferFromCaller(in *inbound) {
 	b.decideRole(in.x.PID, in.proc, groups.RoleModel, "serves /v1/responses to an agent")
 }
 
+// roleSensitive reports whether a server request's span name depends on its
+// process's role: some kind of Gym server has the route, or the path carries
+// /ng-rollout/<id> (kept in the name's template on agents, stripped on models
+// and resources).
+func roleSensitive(method, path string) bool {
+	if _, id := groups.StripRolloutPrefix(path); id != "" {
+		return true
+	}
+	for _, r := range knownRoles {
+		if _, ok := groups.MatchRoute(r, method, path); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// provisionalAbove reports whether a provisional gym.* span not yet settled
+// is among n's ancestors: n's parent id may still change.
+func provisionalAbove(n *node) bool {
+	for p, depth := n.parent, 0; p != nil && depth < 16; p, depth = p.parent, depth+1 {
+		if p.prov {
+			return true
+		}
+	}
+	return false
+}
+
 func servesResponses(method, path string) bool {
 	rest, _ := groups.StripRolloutPrefix(path)
 	return method == "POST" && rest == "/v1/responses"
@@ -151,14 +185,15 @@ func (b *Builder) inferFromCall(x *http.Exchange, p *discover.Process) {
 }
 
 // put returns finished span s (node n, group g) now, or holds it while its
-// process's role is undecided. server and gym say how a server request's
-// spans are renamed on release.
+// process's role is undecided and the span depends on it. server (a server
+// span on a role-dependent route) and gym (a provisional gym.* span) say how
+// to rename it on release.
 func (b *Builder) put(s Span, n *node, g groups.Group, xRole uint8, server, gym *reclass) {
 	p := s.Proc
 	pid := uint32(p.PID)
-	if !b.undecided(p, xRole) {
-		if s.Kind == trace.SpanKindServer && b.gaveUp[pid] && p.Role == loader.RoleUnknown &&
-			xRole == loader.RoleUnknown && b.inferred[pid] == groups.RoleUnknown {
+	if !b.undecided(p, xRole) || server == nil && gym == nil && !provisionalAbove(n) {
+		if server != nil && b.gaveUp[pid] && p.Role == loader.RoleUnknown && xRole == loader.RoleUnknown &&
+			b.inferred[pid] == groups.RoleUnknown {
 			b.st.RoleUndecided++ // named past the bound
 		}
 		b.output(heldSpan{s: s, n: n, g: g}, pid)
@@ -206,13 +241,14 @@ func (b *Builder) release(pid uint32, r groups.Role) {
 		}
 		ri := classify(r, h.gym.method, h.gym.path)
 		if ri.gymSpan == "" || !h.gym.cands.Has(ri.gymGroup) {
-			h.n.alias = true
+			h.n.alias, h.n.prov = true, false
 			if r == groups.RoleUnknown {
 				b.st.GymSpanUnresolved++
 			}
 			continue
 		}
 		h.s.Name, h.s.Group, h.g = ri.gymSpan, ri.gymGroup.Name(), ri.gymGroup
+		h.n.prov = false
 		keep = append(keep, h)
 	}
 	for _, h := range keep {

@@ -91,8 +91,10 @@ func TestHeldUntilRoleDecided(t *testing.T) {
 	mod := s.dial(pidAgent, pidModel, modelAddr)
 	mod.request(loader.MethodPOST, "/ng-rollout/ro-0/v1/responses").respond(200) // before the agent is known
 	mod.request(loader.MethodPOST, "/ng-rollout/ro-0/v1/responses").respond(200)
-	if n := len(s.spans); n != 0 {
-		t.Fatalf("%d spans returned before any role was known, want them held", n)
+	for _, sp := range s.spans {
+		if sp.Proc.PID == pidModel {
+			t.Fatalf("%s returned before the model's role was known, want it held", sp.Name)
+		}
 	}
 	run := s.dial(pidCollector, pidAgent, agentAddr).request(loader.MethodPOST, "/run")
 	mod.request(loader.MethodPOST, "/ng-rollout/ro-1/v1/responses").respond(200)
@@ -166,6 +168,23 @@ func TestHoldBoundBySpans(t *testing.T) {
 		if sp.Name != "POST /ng-rollout/{rollout_id}/v1/responses" {
 			t.Fatalf("span %q, want the route-shape name", sp.Name)
 		}
+	}
+}
+
+// A process that serves no route any kind of Gym server has (any non-Gym
+// server, a tool route) is never held: its names cannot depend on a role.
+func TestNonGymRoutesNotHeld(t *testing.T) {
+	s := newSim(t, "server,http_client")
+	s.procs = map[uint32]*discover.Process{}
+	s.traced = map[uint32]bool{pidModel: true, pidAgent: true}
+	c := s.dial(pidAgent, pidModel, modelAddr)
+	c.request(loader.MethodPOST, "/get_weather").respond(200)
+	c.request(loader.MethodGET, "/healthz/x").respond(200)
+	if len(s.spans) != 4 {
+		t.Fatalf("%d spans, want the 4 at once (2 SERVER, 2 CLIENT)", len(s.spans))
+	}
+	if st := s.b.Stats(); st.Held != 0 {
+		t.Errorf("%d spans held", st.Held)
 	}
 }
 
