@@ -102,3 +102,45 @@ func TestRolesByBehaviour(t *testing.T) {
 	t.Logf("%d rollouts; model: %v (%d with the prefix); roles inferred: %v, spans held: %v",
 		n, names, prefixed, m[`gymtrace_roles_inferred_total`], m[`gymtrace_role_held_spans_total`])
 }
+
+// TestRolesAttachMidRun: gymtrace attaches, with bare pids, while a
+// collection is already running: the agent's /run requests in flight were
+// never seen, so its first calls to the model come from a process not yet
+// known as an agent. The model's spans wait for its role and are then named
+// like every later one: one name for its server spans, each with its
+// gym.model.responses (the issue's run named the same route two ways, 37
+// and 219 times).
+func TestRolesAttachMidRun(t *testing.T) {
+	st := startStack(t, t, "--no-gym-env")
+	const n = 1200
+	argv := []string{python, filepath.Join(repoRoot, "test", "stack", "collector.py"), "--agent-url", st.server("agent").URL,
+		"--rollouts", strconv.Itoa(n), "--concurrency", "4", "--prefix", "mixed", "--model-route", "responses"}
+	cmd, stdout, stderr := lcCommand(argv)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the collector: %v", err)
+	}
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	out := filepath.Join(t.TempDir(), "spans.jsonl")
+	g := lcGymtrace(t, "default,model_call", out, lcPids(st)...)
+	lcWait(t, cmd, stdout, stderr, n)
+	m := g.settle(t, 1)
+	g.shutdown(t)
+	s := lcRead(t, out, st.pids()...)
+	model := st.server("model")
+	names := map[string]int{}
+	for _, sp := range s.filter(func(sp Span) bool { return sp.PID() == model.PID }) {
+		names[sp.Name]++
+		if sp.Res("nemo.gym.server.type") != "responses_api_models" {
+			t.Errorf("model span %s: type %q, want responses_api_models", sp, sp.Res("nemo.gym.server.type"))
+		}
+	}
+	srv := names["POST /v1/responses"]
+	if srv == 0 || names["gym.model.responses"] != srv || len(names) != 2 {
+		t.Errorf("model spans %v; want one server-span name, POST /v1/responses, each with its gym.model.responses", names)
+	}
+	if v := m[`gymtrace_role_undecided_spans_total`]; v != 0 {
+		t.Errorf("gymtrace_role_undecided_spans_total = %v, want 0", v)
+	}
+	t.Logf("attached mid-run: model %v; roles inferred %v, spans held %v",
+		names, m[`gymtrace_roles_inferred_total`], m[`gymtrace_role_held_spans_total`])
+}
