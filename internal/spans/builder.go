@@ -69,6 +69,8 @@ type Stats struct {
 	ParentNoContext      uint64               // ... of which the process's asyncio context cannot be read (an unrecognised uvloop build)
 	JoinedTuple          uint64               // server spans joined to a client span on this node by connection
 	LateJoins            uint64               // ... of which the client's record arrived after the server's
+	JoinedAfterEnd       uint64               // ... of which after the server had answered (AwaitedClient)
+	AwaitedClient        uint64               // finished server requests kept for their client's record (join.go)
 	JoinedTraceparent    uint64               // server or gym.* spans joined to an in-band traceparent
 	OwnTraceparent       uint64               // client requests that already carried a traceparent (the process's own telemetry)
 	Injected             uint64               // client requests whose traceparent gymtrace inserted: the CLIENT span has its id
@@ -116,6 +118,10 @@ type Builder struct {
 	gaveUp    map[uint32]bool
 	roleProcs map[uint32]*roleProc
 	injected  map[trace.SpanID]*outbound // open CLIENT spans whose id is on the wire
+	// Late joins (join.go): finished server requests waiting for their
+	// client's record, and the connections known to have a traced client.
+	late  []lateServer
+	pairs map[tupleKey]struct{}
 }
 
 // ReqCounts are the HTTP requests a process served and made since it was
@@ -171,6 +177,9 @@ func (b *Builder) Take() []Span {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expireHolds()
+	if len(b.late) > 0 {
+		b.expireLate(b.opt.Clock.NowMono(), 0)
+	}
 	out := b.out
 	b.out = nil
 	return out
@@ -286,6 +295,7 @@ func (b *Builder) Flush() []Span {
 		b.finish(x)
 	}
 	b.flushLifecycle(now)
+	b.expireLate(^uint64(0), 0)
 	for pid := range b.held {
 		b.release(pid, groups.RoleUnknown)
 	}

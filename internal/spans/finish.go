@@ -35,18 +35,27 @@ func (b *Builder) finishServer(in *inbound) {
 	} else {
 		b.inflight[x.PID] = list
 	}
+	for _, k := range in.ctxKeys {
+		if cur, ok := b.ctx[k]; ok && (cur == in || cur == nil) {
+			delete(b.ctx, k)
+		}
+	}
 	if in.waiting {
+		if b.awaitClient(in) {
+			return // its spans go out when the client's record joins it, or at its deadline (join.go)
+		}
 		k := tupleKey{client: x.Remote, server: x.Local}
 		if q := b.tuples[k]; q != nil {
 			q.servers = removeFrom(q.servers, in)
 			b.dropEmpty(k, q)
 		}
 	}
-	for _, k := range in.ctxKeys {
-		if cur, ok := b.ctx[k]; ok && (cur == in || cur == nil) {
-			delete(b.ctx, k)
-		}
-	}
+	b.emitServer(in)
+}
+
+// emitServer returns a finished server request's SERVER and gym.* spans.
+func (b *Builder) emitServer(in *inbound) {
+	x := in.x
 	status, msg, errType := serverStatus(x)
 	// While the process's role is undecided its spans are held, and named
 	// again when it is (roles.go).

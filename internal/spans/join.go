@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/gymtrace/gymtrace/internal/groups"
 	"github.com/gymtrace/gymtrace/internal/http"
 	"github.com/gymtrace/gymtrace/internal/loader"
 )
@@ -69,6 +70,7 @@ func (b *Builder) joinServer(k tupleKey, in *inbound) {
 }
 
 func (b *Builder) joinClient(k tupleKey, out *outbound) {
+	b.notePair(k)
 	q := b.tuples[k]
 	if q != nil {
 		for len(q.servers) > 0 {
@@ -79,6 +81,7 @@ func (b *Builder) joinClient(k tupleKey, out *outbound) {
 			// A server request fully read before this client began writing
 			// was sent by an earlier, unseen client request.
 			if s.x.ReqEnd+joinSlack < out.x.ReqStart && !inOrder(out.x, s.x) {
+				b.emitLate(s)
 				continue
 			}
 			b.lateJoin(s, out)
@@ -96,6 +99,7 @@ func (b *Builder) joinClient(k tupleKey, out *outbound) {
 // lateJoin links a server request to the client request that sent it when the
 // client's record came second (the two sides' records raced across CPUs).
 func (b *Builder) lateJoin(s *inbound, out *outbound) {
+	defer b.emitLate(s) // a finished request that waited for this record (awaitClient)
 	s.via = out
 	if s.rollout == "" {
 		s.rollout = out.rollout
@@ -107,6 +111,10 @@ func (b *Builder) lateJoin(s *inbound, out *outbound) {
 	s.server.parent = out.client
 	b.st.JoinedTuple++
 	b.st.LateJoins++
+	if s.done {
+		b.st.JoinedAfterEnd++
+		return // the deferred emitLate sends it, joined
+	}
 	if s.pub {
 		// Its calls must carry the trace it now belongs to. A call made
 		// before this (unlikely: the join comes microseconds after the
@@ -132,4 +140,91 @@ func removeFrom[T comparable](s []T, v T) []T {
 		}
 	}
 	return s
+}
+
+// A server request can end before the record of the client request that
+// sent it arrives: the client's program took its timestamp first but
+// reserved its record last (its vCPU was preempted, or an interrupt ran),
+// while the server read, answered and wrote on the other CPU. On a connection
+// whose client is traced here (a client record was seen on it before, or it
+// is a new loopback connection), the finished request waits for that record,
+// at most lateJoinGrace, before its spans go out unjoined.
+const (
+	lateJoinGrace  = uint64(100 * time.Millisecond)
+	maxLateServers = 4096
+	maxPairs       = 1 << 16
+)
+
+type lateServer struct {
+	in       *inbound
+	deadline uint64
+}
+
+// notePair records that connection k has a traced client on this node.
+func (b *Builder) notePair(k tupleKey) {
+	if b.pairs == nil || len(b.pairs) >= maxPairs {
+		b.pairs = make(map[tupleKey]struct{}) // forget old connections wholesale: the cost is a missed wait
+	}
+	b.pairs[k] = struct{}{}
+}
+
+// awaitClient keeps finished server request in (still in its connection's
+// queue) for its client's record, when one can come and can still change
+// its span. Reports whether it did.
+func (b *Builder) awaitClient(in *inbound) bool {
+	k := tupleKey{client: in.x.Remote, server: in.x.Local}
+	if in.server == nil || in.hasTP || in.server.parent != nil || in.server.frozen {
+		return false
+	}
+	if _, paired := b.pairs[k]; !paired {
+		// No client record on this connection yet. A new loopback
+		// connection's first request waits too: its client is on this
+		// node, and may be traced (an untraced one costs this span the
+		// grace in latency, once per connection).
+		if in.x.ReqFlags&loader.FlagFresh == 0 || !in.x.Remote.Addr().Unmap().IsLoopback() {
+			return false
+		}
+	}
+	if b.role(in.proc, in.x) == groups.RoleUnknown && roleSensitive(in.x.Method, in.x.Path) {
+		return false // its name may still change with its role: not kept twice
+	}
+	if len(b.late) >= maxLateServers {
+		b.expireLate(0, maxLateServers/2) // the oldest half out unjoined: bounded memory
+	}
+	in.done = true
+	b.late = append(b.late, lateServer{in: in, deadline: b.opt.Clock.NowMono() + lateJoinGrace})
+	b.st.AwaitedClient++
+	return true
+}
+
+// emitLate returns the spans of a finished server request that was waiting
+// for its client (joined now, or given up on); no-op for one still in flight.
+func (b *Builder) emitLate(in *inbound) {
+	if !in.done {
+		return
+	}
+	in.done, in.waiting = false, false
+	b.emitServer(in)
+}
+
+// expireLate gives up on the waits past their deadline, and on the oldest
+// force ones whatever their deadline: the spans go out unjoined, and leave
+// their connection's queue.
+func (b *Builder) expireLate(now uint64, force int) {
+	n := 0
+	for n < len(b.late) && (b.late[n].deadline <= now || n < force) {
+		in := b.late[n].in
+		b.late[n] = lateServer{}
+		n++
+		if !in.done {
+			continue // joined meanwhile
+		}
+		k := tupleKey{client: in.x.Remote, server: in.x.Local}
+		if q := b.tuples[k]; q != nil {
+			q.servers = removeFrom(q.servers, in)
+			b.dropEmpty(k, q)
+		}
+		b.emitLate(in)
+	}
+	b.late = b.late[n:]
 }

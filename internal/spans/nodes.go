@@ -72,6 +72,7 @@ type inbound struct {
 	rollout  string
 	idx      int // position in Builder.inflight[pid]
 	waiting  bool
+	done     bool // finished, waiting for its client's record (join.go, awaitClient)
 	hasTP    bool
 	tp       trace.SpanContext // the request's own traceparent, when hasTP
 	pub      bool              // its trace context is published for injection

@@ -32,8 +32,11 @@ type sim struct {
 	p       *Pipeline
 	b       *Builder
 	spans   []Span
-	lateCli bool     // deliver the client's REQUEST after the server's
-	cliLag  uint64   // with lateCli: the client's write returns this much after the server's read
+	lateCli bool   // deliver the client's REQUEST after the server's
+	cliLag  uint64 // with lateCli: the client's write returns this much after the server's read
+	// cliLast: the client's REQUEST record comes after the server's whole
+	// exchange (its program took its timestamp first, reserved last).
+	cliLast bool
 	rec     [][]byte // when recording, records are kept here instead of processed
 	record  bool
 }
@@ -101,6 +104,7 @@ type call struct {
 	path     string
 	cliGroup groups.Mask
 	srvGroup groups.Mask
+	heldCli  *loader.HTTPEvent // cliLast: the client's REQUEST, fed after the server's RESPONSE
 }
 
 type reqOpt func(ev *loader.HTTPEvent)
@@ -202,6 +206,9 @@ func (c *simConn) request(method uint8, path string, opts ...reqOpt) *call {
 		}
 		cli, srv = srv, cli
 	}
+	if s.cliLast && cli != nil && srv != nil {
+		k.heldCli, cli = cli, nil
+	}
 	for _, ev := range []*loader.HTTPEvent{cli, srv} {
 		if ev != nil {
 			s.feed(ev)
@@ -219,6 +226,10 @@ func (k *call) respondFlags(status uint16, srvFlags, cliFlags uint16) {
 		ev := s.event(loader.EvResponse, loader.SideServer, c.srvPID, c.srvConn, c.srv, c.cli)
 		ev.Status, ev.Groups, ev.Flags = status, uint64(k.srvGroup), srvFlags
 		s.feed(ev)
+	}
+	if k.heldCli != nil {
+		s.feed(k.heldCli)
+		k.heldCli = nil
 	}
 	if s.traced[c.cliPID] {
 		ev := s.event(loader.EvResponse, loader.SideClient, c.cliPID, c.cliConn, c.cli, c.srv)
