@@ -86,7 +86,7 @@ func (b *Builder) emitServer(in *inbound) {
 	if in.gym != nil && !in.gym.alias {
 		attrs := b.appendGym(make([]attribute.KeyValue, 0, 3), in.proc, in.rollout)
 		var gymRC *reclass
-		if in.gymProv {
+		if in.gym.prov {
 			gymRC = rc
 		}
 		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, attrs, status, msg, in.proc, nil, gymRC)

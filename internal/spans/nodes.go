@@ -66,8 +66,7 @@ type inbound struct {
 	ri       routeInfo
 	server   *node       // SERVER span, nil when the server group is off
 	gym      *node       // gym.* span, nil when none or its group is off
-	gymProv  bool        // gym is provisional: the process's role decides its name (roles.go)
-	gymCands groups.Mask // ... among these groups
+	gymCands groups.Mask // gym.prov: the groups its role may give it (roles.go)
 	via      *outbound   // the client request on this node that sent it
 	rollout  string
 	idx      int // position in Builder.inflight[pid]

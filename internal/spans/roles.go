@@ -66,9 +66,12 @@ type reclass struct {
 // undecided reports whether process p's spans must wait for its role
 // (xRole: what the kernel's record said).
 func (b *Builder) undecided(p *discover.Process, xRole uint8) bool {
-	pid := uint32(p.PID)
-	return !b.gaveUp[pid] && p.Role == loader.RoleUnknown && xRole == loader.RoleUnknown &&
-		b.inferred[pid] == groups.RoleUnknown
+	return !b.gaveUp[uint32(p.PID)] && b.roleUnknown(p, xRole)
+}
+
+// roleUnknown: neither discovery, the kernel's record nor traffic names p's role.
+func (b *Builder) roleUnknown(p *discover.Process, xRole uint8) bool {
+	return p.Role == loader.RoleUnknown && xRole == loader.RoleUnknown && b.inferred[uint32(p.PID)] == groups.RoleUnknown
 }
 
 // decideRole records role r for process pid, inferred by rule why, unless it
@@ -100,8 +103,7 @@ func (b *Builder) decideRole(pid uint32, p *discover.Process, r groups.Role, why
 func (b *Builder) reclassify(in *inbound, r groups.Role) {
 	ri := classify(r, in.x.Method, in.x.Path)
 	ri.rolloutID = in.ri.rolloutID
-	if in.gymProv {
-		in.gymProv = false
+	if in.gym != nil && in.gym.prov {
 		if ri.gymSpan == "" || !in.gymCands.Has(ri.gymGroup) {
 			in.gym.alias = true
 			if r == groups.RoleUnknown {
@@ -125,7 +127,7 @@ func (b *Builder) provisionalGym(in *inbound, mask groups.Mask) bool {
 	if cands == 0 || !b.undecided(in.proc, in.x.Role) {
 		return false
 	}
-	in.gymProv, in.gymCands = true, cands
+	in.gymCands = cands // requests.go marks the span it opens prov
 	return true
 }
 
@@ -192,8 +194,7 @@ func (b *Builder) put(s Span, n *node, g groups.Group, xRole uint8, server, gym 
 	p := s.Proc
 	pid := uint32(p.PID)
 	if !b.undecided(p, xRole) || server == nil && gym == nil && !provisionalAbove(n) {
-		if server != nil && b.gaveUp[pid] && p.Role == loader.RoleUnknown && xRole == loader.RoleUnknown &&
-			b.inferred[pid] == groups.RoleUnknown {
+		if server != nil && b.gaveUp[pid] && b.roleUnknown(p, xRole) {
 			b.st.RoleUndecided++ // named past the bound
 		}
 		b.output(heldSpan{s: s, n: n, g: g}, pid)

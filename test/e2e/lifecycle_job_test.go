@@ -119,14 +119,7 @@ func TestLifecycleJobPerRollout(t *testing.T) {
 func TestLifecycleJobExplicitCollectorPID(t *testing.T) {
 	st := lcStack(t)
 	const n = 3
-	argv := append([]string{"/bin/sh", "-c", `kill -STOP $$; exec "$@"`, "sh"}, lcCollectCmd(st, n)...)
-	cmd, stdout, stderr := lcCommand(argv)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the held collector: %v", err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
-	lcWaitStopped(t, pid)
+	cmd, stdout, stderr, pid := lcHeldCollector(t, lcCollectCmd(st, n))
 	out := filepath.Join(t.TempDir(), "spans.jsonl")
 	g := lcGymtrace(t, "default", out, append(lcPids(st), strconv.Itoa(pid)+"=collector")...)
 	released := time.Now()

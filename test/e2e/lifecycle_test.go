@@ -263,3 +263,17 @@ func lcWithin(t *testing.T, child, parent Span) {
 			parent.Name, parent.Start, parent.End)
 	}
 }
+
+// lcHeldCollector starts argv stopped (SIGSTOP before its exec), so that
+// gymtrace can be given its pid and attach before it runs; SIGCONT releases it.
+func lcHeldCollector(t *testing.T, argv []string) (*exec.Cmd, *syncBuf, *syncBuf, int) {
+	t.Helper()
+	cmd, stdout, stderr := lcCommand(append([]string{"/bin/sh", "-c", `kill -STOP $$; exec "$@"`, "sh"}, argv...))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the held collector: %v", err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	lcWaitStopped(t, pid)
+	return cmd, stdout, stderr, pid
+}

@@ -24,16 +24,9 @@ import (
 func TestRolesByBehaviour(t *testing.T) {
 	st := startStack(t, t, "--no-gym-env")
 	const n = 12
-	argv := []string{"/bin/sh", "-c", `kill -STOP $$; exec "$@"`, "sh",
-		python, filepath.Join(repoRoot, "test", "stack", "collector.py"), "--agent-url", st.server("agent").URL,
-		"--rollouts", strconv.Itoa(n), "--concurrency", "4", "--prefix", "mixed", "--model-route", "responses"}
-	cmd, stdout, stderr := lcCommand(argv)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the held collector: %v", err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
-	lcWaitStopped(t, pid)
+	cmd, stdout, stderr, pid := lcHeldCollector(t, []string{python, filepath.Join(repoRoot, "test", "stack", "collector.py"),
+		"--agent-url", st.server("agent").URL,
+		"--rollouts", strconv.Itoa(n), "--concurrency", "4", "--prefix", "mixed", "--model-route", "responses"})
 	out := filepath.Join(t.TempDir(), "spans.jsonl")
 	g := lcGymtrace(t, "default,model_call", out, append(lcPids(st), strconv.Itoa(pid))...)
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
