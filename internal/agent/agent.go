@@ -24,6 +24,7 @@ import (
 	"github.com/gymtrace/gymtrace/internal/discover"
 	"github.com/gymtrace/gymtrace/internal/export"
 	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/gymmetrics"
 	"github.com/gymtrace/gymtrace/internal/http"
 	"github.com/gymtrace/gymtrace/internal/inject"
 	"github.com/gymtrace/gymtrace/internal/loader"
@@ -69,6 +70,7 @@ type agent struct {
 	injWanted atomic.Bool
 	spans     *spans.Pipeline
 	out       *export.Pipeline
+	gym       *gymmetrics.Recorder // Gym's metrics; nil when off (gymmetrics.go)
 
 	py *pyTargets
 
@@ -174,11 +176,12 @@ func (t *agent) attach() error {
 func (t *agent) startPipeline(ctx context.Context, term io.Writer) error {
 	cfg, log := t.cfg, t.log
 	b, err := spans.NewBuilder(spans.Options{
-		Mask:    cfg.Mask,
-		Lookup:  t.lookup,
-		Sampler: sampler(cfg.SampleRatio),
-		Logger:  log.With("component", "spans"),
-		Inject:  builderInjector(t.inj),
+		Mask:      cfg.Mask,
+		Lookup:    t.lookup,
+		Sampler:   sampler(cfg.SampleRatio),
+		Unsampled: cfg.GymMetrics, // metrics count every request
+		Logger:    log.With("component", "spans"),
+		Inject:    builderInjector(t.inj),
 	})
 	if err != nil {
 		return fmt.Errorf("starting the span builder: %w", err)
@@ -210,6 +213,9 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 		m = metrics.New(t.metricSources())
 		srv := m.Serve(t.metricsLn, log)
 		t.undo = append(t.undo, func() { srv.Shutdown(context.Background()) })
+	}
+	if err := t.startGymMetrics(ctx, m); err != nil {
+		return err
 	}
 
 	// Discovery keeps the kernel's target set current.
@@ -306,8 +312,11 @@ func (t *agent) expireLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case now := <-tick.C:
 			t.submit(t.spans.Expire(clock.NowMono()))
+			if t.gym != nil {
+				t.gym.Tick(now)
+			}
 		}
 	}
 }
@@ -343,6 +352,7 @@ func (t *agent) shutdown() {
 	if err := t.out.Shutdown(sctx); err != nil {
 		t.log.Warn("exporter shutdown", "err", err)
 	}
+	t.closeGymMetrics()
 	st := t.out.Stats()
 	for _, r := range t.kern.ProfTable() {
 		t.log.Info("bpf section", "name", r.Name, "runs", r.Count, "ns_per_run", int(r.NsPer))

@@ -58,7 +58,7 @@ func newExporter(ctx context.Context, cfg *config.Config, term io.Writer, log *s
 }
 
 func (t *agent) submit(s []spans.Span) {
-	if len(s) > 0 {
+	if s = t.observe(s); len(s) > 0 {
 		t.out.Submit(s...)
 	}
 }

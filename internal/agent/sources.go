@@ -68,7 +68,13 @@ func (t *agent) metricSources() metrics.Sources {
 			st := t.spans.Builder().Stats()
 			return metrics.RoleStats{Inferred: st.RoleInferred, Held: st.Held, Undecided: st.RoleUndecided, GymUnresolved: st.GymSpanUnresolved}
 		},
-		Export:          func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
+		Export: func() metrics.ExportStats { return metrics.ExportStats(t.out.Stats()) },
+		Gym: func() metrics.GymStats {
+			if t.gym == nil {
+				return metrics.GymStats{}
+			}
+			return metrics.GymStats(t.gym.Stats())
+		},
 		TargetsAttached: t.targetCount,
 		Injection:       t.injState.get,
 	}
@@ -82,6 +88,10 @@ func (t *agent) statusSnapshot() metrics.Snapshot {
 		if n := st.Spans[info.Group]; n > 0 {
 			snap.Spans[info.Name] = n
 		}
+	}
+	if t.gym != nil {
+		g := t.gym.Summary()
+		snap.Gym = metrics.GymSummary(g)
 	}
 	ex := t.out.Stats()
 	snap.Drops = t.kernelStats()[loader.StatRingbufFull] + ex.Dropped + ex.Failed

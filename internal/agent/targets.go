@@ -41,6 +41,9 @@ func (t *agent) addTarget(p *discover.Process) {
 		// Its calls carry its gym.job's trace from the first one on.
 		t.spans.Builder().PrepareJob(p.PID)
 	}
+	if t.gym != nil {
+		t.gym.Seen(p) // an orchestrator's gym.servers.active
+	}
 	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
 	_ = t.tls.Add(p.PID) // failures are logged by the attacher; plain HTTP is traced regardless
 }
@@ -88,6 +91,9 @@ func (t *agent) removeTarget(p *discover.Process) {
 	delete(t.procs, p.PID)
 	t.mu.Unlock()
 	t.spans.Builder().ForgetProcess(p.PID)
+	if t.gym != nil {
+		t.gym.Gone(p.PID)
+	}
 	t.log.Info("process gone", "pid", p.PID, "service", p.ServiceName())
 }
 

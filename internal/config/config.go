@@ -34,6 +34,7 @@ type Config struct {
 	Exporter     string  // otlp, tree or jsonl
 	Output       string  // where tree and jsonl write; "-" is stdout
 	MetricsAddr  string  // Prometheus /metrics and /healthz listen address; "" is off
+	GymMetrics   bool    // Gym's metrics from the traced traffic (internal/gymmetrics)
 	SampleRatio  float64 // fraction of traces kept, 0..1, decided per trace id
 	Inject       bool    // add traceparent to outbound requests that lack one
 	InjectForce  bool    // inject even where the start-up self-test found a kernel misreport (inject.SelfTest)
@@ -87,6 +88,7 @@ func defaults() *Config {
 		Output:       "-",
 		SampleRatio:  1,
 		Inject:       true,
+		GymMetrics:   true,
 		RolloutIDs:   true,
 		RingbufBytes: DefaultRingbufBytes,
 		LogLevel:     "info",

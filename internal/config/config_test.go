@@ -63,7 +63,7 @@ func TestDefaults(t *testing.T) {
 	c := mustLoad(t, nil, nil, "")
 	want := &Config{
 		SpanGroups: "default", Mask: groups.DefaultMask, Discover: true, OTLPTimeout: 10 * time.Second,
-		Exporter: "tree", Output: "-", SampleRatio: 1, Inject: true, RolloutIDs: true,
+		Exporter: "tree", Output: "-", SampleRatio: 1, Inject: true, RolloutIDs: true, GymMetrics: true,
 		RingbufBytes: 8 << 20, LogLevel: "info", Sources: map[string]string{},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -179,6 +179,7 @@ func TestEveryFlagInSection(t *testing.T) {
   exporter: otlp
   output: "-"
   metrics_addr: ":9464"
+  gym_metrics: false
   sample_ratio: 0.25
   inject: false
   inject_force: true
@@ -192,7 +193,7 @@ func TestEveryFlagInSection(t *testing.T) {
 		t.Errorf("pids %v discover %v", c.PIDs, c.Discover)
 	}
 	if c.OTLPEndpoint != "https://otel.example:4317" || c.OTLPInsecure || c.OTLPHeaders["authorization"] != "Bearer x" ||
-		c.OTLPTimeout != 3*time.Second || c.Exporter != "otlp" || c.MetricsAddr != ":9464" || c.SampleRatio != 0.25 ||
+		c.OTLPTimeout != 3*time.Second || c.Exporter != "otlp" || c.MetricsAddr != ":9464" || c.GymMetrics || c.SampleRatio != 0.25 ||
 		c.Inject || !c.InjectForce || c.RolloutIDs || c.RingbufBytes != 16<<20 || c.LogLevel != "debug" || c.Level() != slog.LevelDebug {
 		t.Errorf("%+v", c)
 	}

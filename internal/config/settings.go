@@ -96,6 +96,9 @@ var settings = []Setting{
 	{Flag: "metrics-addr", Default: "",
 		Usage: `serve Prometheus /metrics and /healthz on this address, e.g. :9464 ("" is off)`,
 		apply: func(c *Config, v value) error { c.MetricsAddr = strings.TrimSpace(v.s); return nil }},
+	{Flag: "gym-metrics", Default: "true", IsBool: true,
+		Usage: "make Gym's metrics (gym.rollout.duration_ms, gym.verify.*, gym.servers.active, http.server.*) from the traced traffic, gated by the span groups, exported over OTLP and on --metrics-addr",
+		apply: func(c *Config, v value) error { return setBool(&c.GymMetrics, v) }},
 	{Flag: "sample-ratio", Default: "1", Also: []string{"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"},
 		Usage: "fraction of traces to keep, 0 to 1, decided by trace id so every process agrees",
 		apply: func(c *Config, v value) error {

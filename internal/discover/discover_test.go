@@ -2,6 +2,10 @@ package discover
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -194,5 +198,36 @@ func TestAlive(t *testing.T) {
 	}
 	if fs.alive(4242, 1) {
 		t.Error("a missing PID is not alive")
+	}
+}
+
+func TestDescendsFrom(t *testing.T) {
+	root := t.TempDir()
+	stat := func(pid, ppid int) {
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		line := fmt.Sprintf("%d (sh) S %d 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n", pid, ppid)
+		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 10 (orchestrator) -> 20 (sh) -> server 30; 40 is a child of 1.
+	stat(10, 1)
+	stat(20, 10)
+	f := NewFS(root)
+	server := &Process{PID: 30, PPID: 20}
+	if !f.DescendsFrom(server, 10) {
+		t.Error("a grandchild through a shell does not descend from its orchestrator")
+	}
+	if !f.DescendsFrom(&Process{PID: 21, PPID: 10}, 10) {
+		t.Error("a child does not descend from its parent")
+	}
+	if f.DescendsFrom(&Process{PID: 40, PPID: 1}, 10) {
+		t.Error("a child of init descends from 10")
+	}
+	if f.DescendsFrom(&Process{PID: 50, PPID: 99}, 10) {
+		t.Error("a process whose parent is gone descends from 10")
 	}
 }

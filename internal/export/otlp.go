@@ -64,46 +64,37 @@ func NewOTLP(ctx context.Context, cfg OTLPConfig) (*OTLPExporter, error) {
 	return &OTLPExporter{client: client, res: res}, nil
 }
 
+// reconnect caps gRPC's reconnect backoff, which grows to 120s by default
+// and would keep export down long after a collector outage ends.
+var reconnect = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff: backoff.Config{
+		BaseDelay:  250 * time.Millisecond,
+		Multiplier: 1.6,
+		Jitter:     0.2,
+		MaxDelay:   3 * time.Second,
+	},
+	MinConnectTimeout: 5 * time.Second,
+})
+
 func otlpOptions(cfg OTLPConfig) ([]otlptracegrpc.Option, error) {
 	opts := []otlptracegrpc.Option{
 		// The Pipeline retries with its own bounded backoff and counts what it
 		// gives up; the SDK's retry would hold a batch for up to a minute out
 		// of our sight.
 		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}),
-		// gRPC's reconnect backoff grows to 120s by default, which would keep
-		// export down long after a collector outage ends.
-		otlptracegrpc.WithDialOption(grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: backoff.Config{
-				BaseDelay:  250 * time.Millisecond,
-				Multiplier: 1.6,
-				Jitter:     0.2,
-				MaxDelay:   3 * time.Second,
-			},
-			MinConnectTimeout: 5 * time.Second,
-		})),
+		otlptracegrpc.WithDialOption(reconnect),
 	}
-	if ep := strings.TrimSpace(cfg.Endpoint); ep != "" {
-		if strings.Contains(ep, "://") {
-			u, err := url.Parse(ep)
-			if err != nil || u.Host == "" {
-				return nil, fmt.Errorf("OTLP endpoint %q is not a URL like http://host:4317 or a host:port", cfg.Endpoint)
-			}
-			switch strings.ToLower(u.Scheme) {
-			case "http", "https":
-			default:
-				return nil, fmt.Errorf("OTLP endpoint %q: scheme must be http (plaintext) or https (TLS)", cfg.Endpoint)
-			}
-			opts = append(opts, otlptracegrpc.WithEndpointURL(ep))
-		} else {
-			if _, port, err := net.SplitHostPort(ep); err != nil || port == "" {
-				return nil, fmt.Errorf("OTLP endpoint %q is not a URL like http://host:4317 or a host:port", cfg.Endpoint)
-			}
-			opts = append(opts, otlptracegrpc.WithEndpoint(ep))
-			if cfg.Insecure {
-				opts = append(opts, otlptracegrpc.WithInsecure())
-			}
-		}
-	} else if cfg.Insecure {
+	ep, err := parseEndpoint(cfg)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case ep.url != "":
+		opts = append(opts, otlptracegrpc.WithEndpointURL(ep.url))
+	case ep.hostPort != "":
+		opts = append(opts, otlptracegrpc.WithEndpoint(ep.hostPort))
+	}
+	if ep.insecure {
 		opts = append(opts, otlptracegrpc.WithInsecure())
 	}
 	if len(cfg.Headers) > 0 {
@@ -113,6 +104,36 @@ func otlpOptions(cfg OTLPConfig) ([]otlptracegrpc.Option, error) {
 		opts = append(opts, otlptracegrpc.WithTimeout(cfg.Timeout))
 	}
 	return opts, nil
+}
+
+// endpoint is where OTLP goes: a URL (its scheme decides TLS), or a bare
+// host:port, or neither (the environment and the SDK decide).
+type endpoint struct {
+	url, hostPort string
+	insecure      bool // plaintext, for a host:port or no endpoint at all
+}
+
+func parseEndpoint(cfg OTLPConfig) (endpoint, error) {
+	ep := strings.TrimSpace(cfg.Endpoint)
+	switch {
+	case ep == "":
+		return endpoint{insecure: cfg.Insecure}, nil
+	case strings.Contains(ep, "://"):
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" {
+			return endpoint{}, fmt.Errorf("OTLP endpoint %q is not a URL like http://host:4317 or a host:port", cfg.Endpoint)
+		}
+		switch strings.ToLower(u.Scheme) {
+		case "http", "https":
+		default:
+			return endpoint{}, fmt.Errorf("OTLP endpoint %q: scheme must be http (plaintext) or https (TLS)", cfg.Endpoint)
+		}
+		return endpoint{url: ep}, nil
+	}
+	if _, port, err := net.SplitHostPort(ep); err != nil || port == "" {
+		return endpoint{}, fmt.Errorf("OTLP endpoint %q is not a URL like http://host:4317 or a host:port", cfg.Endpoint)
+	}
+	return endpoint{hostPort: ep, insecure: cfg.Insecure}, nil
 }
 
 // Export sends batch in one OTLP request.

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // ExportStats are the export pipeline's counters. The fields match
@@ -39,6 +40,14 @@ type RoleStats struct {
 	Held          uint64 // spans held until their process's role was decided
 	Undecided     uint64 // server and gym.* spans named by route shape: no role within the bound
 	GymUnresolved uint64 // gym.* spans not made: role unknown on a route several kinds serve
+}
+
+// GymStats are the counters of Gym's metrics (internal/gymmetrics).
+type GymStats struct {
+	Processes     int    // processes with Gym metrics now
+	SeriesCapped  uint64 // measurements put in the overflow series (the per-process series cap)
+	RewardMissing uint64 // successful /verify calls whose reward the kernel did not find
+	ProcsCapped   uint64 // spans not measured: too many processes with metrics at once
 }
 
 // Sources are the providers read at each scrape. A nil field is not exported.
@@ -67,6 +76,8 @@ type Sources struct {
 	// and what waiting for it did to their spans (internal/spans/roles.go).
 	Roles  func() RoleStats
 	Export func() ExportStats
+	// Gym is the state of Gym's metrics; nil or a zero value when they are off.
+	Gym func() GymStats
 	// TargetsAttached is the number of processes being traced now.
 	TargetsAttached func() int
 	// Injection is whether traceparent injection is on, and why it is off
@@ -79,6 +90,7 @@ type Metrics struct {
 	reg   *prometheus.Registry
 	mu    sync.RWMutex
 	src   Sources
+	extra []prometheus.Gatherer // served beside reg (Gym's metrics)
 	ready atomic.Bool
 }
 
@@ -99,6 +111,21 @@ func (m *Metrics) Update(f func(*Sources)) {
 	f(&m.src)
 }
 
+// AddGatherer serves g's metrics on /metrics too, from the next scrape on.
+func (m *Metrics) AddGatherer(g prometheus.Gatherer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.extra = append(m.extra, g)
+}
+
+// Gather collects gymtrace's own metrics and every added gatherer's.
+func (m *Metrics) Gather() ([]*dto.MetricFamily, error) {
+	m.mu.RLock()
+	gs := append(prometheus.Gatherers{m.reg}, m.extra...)
+	m.mu.RUnlock()
+	return gs.Gather()
+}
+
 // Registry is where the metrics live; callers may register more.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
@@ -114,7 +141,7 @@ func (m *Metrics) Ready() bool { return m.ready.Load() }
 // Handler serves /metrics (Prometheus text or protobuf) and /healthz.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+	mux.Handle("/metrics", promhttp.HandlerFor(m, promhttp.HandlerOpts{
 		ErrorHandling:     promhttp.ContinueOnError,
 		EnableOpenMetrics: true,
 	}))
@@ -240,6 +267,16 @@ var (
 	descInject = prometheus.NewDesc("gymtrace_inject_enabled",
 		"1 when traceparent injection is on. reason: why it is off (flag, fionread: the kernel misreports FIONREAD for sockets in a sockhash, "+
 			"selftest_failed, no_cgroup_v2, attach_failed), or forced_<reason> when --inject-force overrode the self-test.", []string{"reason"}, nil)
+	descGymProcs = prometheus.NewDesc("gymtrace_gym_metrics_processes",
+		"Processes Gym's metrics are kept for (one resource each).", nil, nil)
+	descGymCapped = prometheus.NewDesc("gymtrace_gym_metric_series_capped_total",
+		"Measurements of Gym's metrics recorded in the otel.metric.overflow series because a process reached "+
+			"the cap on distinct attribute sets per instrument (raw paths on a route without a template?).", nil, nil)
+	descRewardMissing = prometheus.NewDesc("gymtrace_gym_reward_missing_total",
+		"Successful /verify responses whose reward the kernel did not find (not at the top level of the body's "+
+			"last window, cut by a write boundary, or chunked): nothing was recorded for them.", nil, nil)
+	descGymProcsCapped = prometheus.NewDesc("gymtrace_gym_metrics_procs_capped_total",
+		"Spans not measured for Gym's metrics because too many processes had metrics at once.", nil, nil)
 	descReady = prometheus.NewDesc("gymtrace_ready",
 		"1 once probes are attached (what /healthz reports).", nil, nil)
 )
@@ -249,7 +286,8 @@ type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descBuilt,
-		descUnresolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject, descReady} {
+		descUnresolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject,
+		descGymProcs, descGymCapped, descRewardMissing, descGymProcsCapped, descReady} {
 		ch <- d
 	}
 }
@@ -286,6 +324,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			descRoleUndecided: r.Undecided, descGymUnresolved: r.GymUnresolved} {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
 		}
+	}
+	if src.Gym != nil {
+		g := src.Gym()
+		ch <- prometheus.MustNewConstMetric(descGymProcs, prometheus.GaugeValue, float64(g.Processes))
+		ch <- prometheus.MustNewConstMetric(descGymCapped, prometheus.CounterValue, float64(g.SeriesCapped))
+		ch <- prometheus.MustNewConstMetric(descRewardMissing, prometheus.CounterValue, float64(g.RewardMissing))
+		ch <- prometheus.MustNewConstMetric(descGymProcsCapped, prometheus.CounterValue, float64(g.ProcsCapped))
 	}
 	if src.Export != nil {
 		s := src.Export()

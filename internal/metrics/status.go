@@ -18,6 +18,15 @@ type Snapshot struct {
 	Targets int
 	Spans   map[string]uint64 // spans built per group
 	Drops   uint64            // everything lost: ring-buffer failures, export drops and failures
+	Gym     GymSummary        // Gym's metrics; zero when they are off
+}
+
+// GymSummary is what the status line shows of Gym's metrics; the fields
+// match gymmetrics.Summary.
+type GymSummary struct {
+	Rollouts               uint64        // rollouts finished
+	RolloutP50, RolloutP99 time.Duration // over the recent ones
+	VerifyOK, VerifyAll    uint64        // /verify calls that succeeded, and all
 }
 
 // groupOrder is the order groups appear in, Gym's table order; others follow
@@ -64,6 +73,16 @@ func Render(prev, cur Snapshot, elapsed time.Duration, width int) string {
 			fmt.Fprintf(&b, " %s %.0f", g, rate)
 		}
 	}
+	if g := cur.Gym; g.Rollouts > 0 {
+		rate := 0.0
+		if secs > 0 && g.Rollouts >= prev.Gym.Rollouts {
+			rate = float64(g.Rollouts-prev.Gym.Rollouts) / secs
+		}
+		fmt.Fprintf(&b, " | rollouts/s %.1f p50 %s p99 %s", rate, shortDur(g.RolloutP50), shortDur(g.RolloutP99))
+	}
+	if g := cur.Gym; g.VerifyAll > 0 {
+		fmt.Fprintf(&b, " | verify ok %.1f%%", 100*float64(g.VerifyOK)/float64(g.VerifyAll))
+	}
 	fmt.Fprintf(&b, " | drops %d", cur.Drops)
 	s := b.String()
 	if width > 0 && utf8.RuneCountInString(s) > width-1 {
@@ -72,6 +91,18 @@ func Render(prev, cur Snapshot, elapsed time.Duration, width int) string {
 		s = string(r[:max(width-2, 0)]) + "…"
 	}
 	return s
+}
+
+// shortDur prints d with three significant figures: 850ms, 1.25s, 72.4s.
+func shortDur(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond))
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	default:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
 }
 
 // StatusLine keeps a one-line live status at the bottom of a terminal. Other

@@ -38,7 +38,10 @@ type Options struct {
 	// are exported: typically sdktrace.ParentBased(sdktrace.TraceIDRatioBased(r)).
 	// Spans under a local parent follow the parent. Nil samples everything.
 	Sampler sdktrace.Sampler
-	Logger  *slog.Logger
+	// Unsampled returns the spans of traces the sampler dropped too, with
+	// Sampled false: metrics count every request, exporters skip them.
+	Unsampled bool
+	Logger    *slog.Logger
 	// Inject, when set, receives the trace context of every inbound request
 	// that has an enclosing span, and of every gym.job, so the kernel can
 	// write traceparent into the outbound calls they make

@@ -166,20 +166,21 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		end = max(x.ReqEnd, x.ReqStart)
 	}
 	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
-	b.emitHeld(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p, x.Role, server, gym)
+	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host}
+	b.emitHeld(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)
 }
 
 // emitSpan returns one finished span (start and end are kernel monotonic ns)
 // unless its trace is not sampled.
 func (b *Builder) emitSpan(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
 	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process) {
-	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, loader.RoleUnknown, nil, nil)
+	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, loader.RoleUnknown, nil, nil, Measures{})
 }
 
 // emitHeld is emitSpan for a span its process's role may rename (put).
 func (b *Builder) emitHeld(n *node, name string, kind trace.SpanKind, g groups.Group, start, end uint64,
 	truncated bool, attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process,
-	xRole uint8, server, gym *reclass) {
+	xRole uint8, server, gym *reclass, ms Measures) {
 	if truncated {
 		attrs = append(attrs, attribute.Bool("nemo.span.truncated", true))
 		b.st.Truncated++
@@ -188,7 +189,9 @@ func (b *Builder) emitHeld(n *node, name string, kind trace.SpanKind, g groups.G
 	r.frozen = true
 	if !r.sampled {
 		b.st.Unsampled++
-		return
+		if !b.opt.Unsampled {
+			return
+		}
 	}
 	if end < start {
 		end = start
@@ -197,7 +200,7 @@ func (b *Builder) emitHeld(n *node, name string, kind trace.SpanKind, g groups.G
 		Name:      name,
 		Kind:      kind,
 		SpanID:    n.id,
-		Sampled:   true,
+		Sampled:   r.sampled,
 		Start:     b.opt.Clock.Wall(start),
 		End:       b.opt.Clock.Wall(end),
 		Attrs:     attrs,
@@ -205,5 +208,6 @@ func (b *Builder) emitHeld(n *node, name string, kind trace.SpanKind, g groups.G
 		StatusMsg: msg,
 		Group:     g.Name(),
 		Proc:      p,
+		Measures:  ms,
 	}, n, g, xRole, server, gym)
 }

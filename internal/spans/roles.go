@@ -220,7 +220,9 @@ func (b *Builder) output(h heldSpan, pid uint32) {
 	s := h.s
 	s.TraceID, s.Parent = h.n.root().traceID, h.n.parentID()
 	s.Proc = b.effProc(s.Proc, pid)
-	b.st.Spans[h.g]++
+	if s.Sampled {
+		b.st.Spans[h.g]++
+	}
 	b.out = append(b.out, s)
 }
 

@@ -29,4 +29,18 @@ type Span struct {
 	StatusMsg string
 	Group     string            // the span group that produced it, e.g. "server"
 	Proc      *discover.Process // resource: the process the span was observed in
+	// Measures are numbers Gym's metrics read (internal/gymmetrics). No
+	// exporter sends them: the reward especially stays out of traces.
+	Measures Measures
+}
+
+// Measures are what Gym's metrics read of a span's exchange that the span
+// itself does not carry.
+type Measures struct {
+	ReqBody, RespBody uint64 // body bytes of the request and the response (SERVER and CLIENT spans)
+	Host              string // the request's Host header as sent (SERVER spans)
+	// Reward is the reward a /verify response carried, read in the kernel
+	// (gym.verify spans); HasReward is false when it was not found.
+	Reward    float64
+	HasReward bool
 }

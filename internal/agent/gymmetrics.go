@@ -1,0 +1,111 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gymtrace/gymtrace/internal/config"
+	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/export"
+	"github.com/gymtrace/gymtrace/internal/gymmetrics"
+	"github.com/gymtrace/gymtrace/internal/loader"
+	"github.com/gymtrace/gymtrace/internal/metrics"
+	"github.com/gymtrace/gymtrace/internal/spans"
+)
+
+// startGymMetrics makes the recorder of Gym's metrics when something shows
+// them: the OTLP exporter (metrics go where traces go), the Prometheus
+// endpoint m, or the terminal's status line. Without one of them nothing is
+// measured.
+func (t *agent) startGymMetrics(ctx context.Context, m *metrics.Metrics) error {
+	cfg := t.cfg
+	otlp := cfg.Exporter == config.ExporterOTLP
+	if !cfg.GymMetrics || !otlp && m == nil && t.status == nil {
+		return nil
+	}
+	gc := gymmetrics.Config{
+		Prometheus: m != nil,
+		Semconv:    gymmetrics.SemconvFromEnv(os.Getenv("OTEL_SEMCONV_STABILITY_OPT_IN")),
+		Resources:  export.NewResources(""),
+		Servers:    t.gymServers,
+		Active:     t.gymActive,
+		Log:        t.log.With("component", "gym-metrics"),
+	}
+	if otlp {
+		exp, err := export.NewOTLPMetrics(ctx, export.OTLPConfig{
+			Endpoint: cfg.OTLPEndpoint,
+			Insecure: cfg.OTLPInsecure,
+			Headers:  cfg.OTLPHeaders,
+			Timeout:  cfg.OTLPTimeout,
+		})
+		if err != nil {
+			return fmt.Errorf("setting up the OTLP metric exporter: %w", err)
+		}
+		gc.Exporter = exp
+	}
+	t.gym = gymmetrics.New(gc)
+	if m != nil {
+		m.AddGatherer(t.gym)
+	}
+	t.log.Debug("gym metrics on", "otlp", otlp, "prometheus", m != nil, "semconv", gc.Semconv.String())
+	return nil
+}
+
+// observe measures spans for Gym's metrics, then keeps the sampled ones for
+// export (the builder returns unsampled spans too when metrics are on).
+func (t *agent) observe(s []spans.Span) []spans.Span {
+	if t.gym != nil {
+		t.gym.Observe(s)
+	}
+	out := s[:0]
+	for _, sp := range s {
+		if sp.Sampled {
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+// gymServers counts the Gym servers orchestrator pid started that are
+// traced now: its children, or their children (through a shell), ... The
+// uvicorn workers of a server are the server, not more servers.
+func (t *agent) gymServers(pid int) int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := 0
+	for _, p := range t.procs {
+		switch p.Role {
+		case loader.RoleAgent, loader.RoleModel, loader.RoleResources:
+		default:
+			continue
+		}
+		if !p.Worker && discover.Default.DescendsFrom(p, pid) {
+			n++
+		}
+	}
+	return n
+}
+
+// gymActive lists the inbound requests in flight, for
+// http.server.active_requests.
+func (t *agent) gymActive(yield func(gymmetrics.Active)) {
+	t.spans.Builder().ActiveServer(func(a spans.ActiveRequest) {
+		yield(gymmetrics.Active{PID: a.PID, Method: a.Method, Scheme: a.Scheme, Addr: a.Local, Port: a.Port, Host: a.Host})
+	})
+}
+
+// closeGymMetrics exports the last values.
+func (t *agent) closeGymMetrics() {
+	if t.gym == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := t.gym.Close(ctx); err != nil {
+		t.log.Warn("gym metrics: the last export failed", "err", err)
+	}
+}

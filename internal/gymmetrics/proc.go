@@ -1,0 +1,302 @@
+package gymmetrics
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/export"
+	"github.com/gymtrace/gymtrace/internal/spans"
+)
+
+// Bucket boundaries. The duration histograms keep the SDK's defaults, as
+// Gym's do (0 … 10000 ms); the stable HTTP ones take the instrumentation's
+// advisory boundaries in seconds. Rewards are mostly in [0, 1] (or [-1, 1]):
+// tenths there, coarser outside; sum and count are exact either way.
+var (
+	secondsBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	rewardBuckets  = []float64{-10, -5, -2, -1, -0.5, 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 2, 5, 10}
+)
+
+// promLabels are the resource attributes every Prometheus series carries,
+// so the processes' series (one registry each) never collide when gathered
+// together; target_info has the whole resource.
+var promLabels = attribute.NewAllowKeysFilter("service.name", "process.pid")
+
+// proc is one traced process's metrics.
+type proc struct {
+	p   discover.Process
+	mp  *sdkmetric.MeterProvider
+	reg *prometheus.Registry // nil without Prometheus
+	m   metric.Meter
+
+	rollout, verify, reward metric.Float64Histogram
+	success                 metric.Float64Gauge
+	srvDur, cliDur          [2]metric.Float64Histogram // [old, new]; nil when that convention is off
+	srvReq, srvResp         [2]metric.Int64Histogram
+	verifyOK, verifyAll     uint64
+
+	series     map[string]map[attribute.Distinct]struct{}
+	activeSeen map[attribute.Distinct]attribute.Set // every active_requests set observed: reported at 0 when idle
+	orch       bool
+	gone       time.Time // when the process exited; zero while it runs
+}
+
+func newProc(r *Recorder, p discover.Process) *proc {
+	pr := &proc{p: p, series: map[string]map[attribute.Distinct]struct{}{},
+		activeSeen: map[attribute.Distinct]attribute.Set{}}
+	opts := []sdkmetric.Option{sdkmetric.WithResource(r.cfg.Resources.For(&p))}
+	if r.exp != nil {
+		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(r.exp)))
+	}
+	if r.cfg.Prometheus {
+		pr.reg = prometheus.NewRegistry()
+		pe, err := otelprom.New(otelprom.WithRegisterer(pr.reg), otelprom.WithResourceAsConstantLabels(promLabels))
+		if err != nil {
+			r.cfg.Log.Warn("gym metrics: no Prometheus reader for this process", "pid", p.PID, "err", err)
+			pr.reg = nil
+		} else {
+			opts = append(opts, sdkmetric.WithReader(pe))
+		}
+	}
+	pr.mp = sdkmetric.NewMeterProvider(opts...)
+	pr.m = pr.mp.Meter(export.ScopeName)
+	m := pr.m
+	// The API's instruments do not fail for these names and options; an
+	// error would leave a no-op instrument, which is what a nil check buys.
+	pr.rollout, _ = m.Float64Histogram(RolloutDuration, metric.WithUnit("ms"),
+		metric.WithDescription("Duration of one rollout (agent /run)"))
+	pr.verify, _ = m.Float64Histogram(VerifyDuration, metric.WithUnit("ms"),
+		metric.WithDescription("Duration of one /verify call"))
+	pr.success, _ = m.Float64Gauge(VerifySuccess, metric.WithUnit("1"),
+		metric.WithDescription("Fraction of /verify calls that succeeded, since the process started"))
+	pr.reward, _ = m.Float64Histogram(VerifyReward, metric.WithUnit("1"),
+		metric.WithDescription("Reward returned by /verify (read by gymtrace from the response)"),
+		metric.WithExplicitBucketBoundaries(rewardBuckets...))
+	if r.cfg.Semconv&SemconvOld != 0 {
+		pr.srvDur[0], _ = m.Float64Histogram(ServerDurationOld, metric.WithUnit("ms"),
+			metric.WithDescription("Measures the duration of inbound HTTP requests."))
+		pr.srvReq[0], _ = m.Int64Histogram(ServerReqSizeOld, metric.WithUnit("By"),
+			metric.WithDescription("Measures the size of HTTP request messages (compressed)."))
+		pr.srvResp[0], _ = m.Int64Histogram(ServerRespSizeOld, metric.WithUnit("By"),
+			metric.WithDescription("measures the size of HTTP response messages (compressed)."))
+		pr.cliDur[0], _ = m.Float64Histogram(ClientDurationOld, metric.WithUnit("ms"),
+			metric.WithDescription("measures the duration of the outbound HTTP request"))
+	}
+	if r.cfg.Semconv&SemconvNew != 0 {
+		pr.srvDur[1], _ = m.Float64Histogram(ServerDurationNew, metric.WithUnit("s"),
+			metric.WithDescription("Duration of HTTP server requests."),
+			metric.WithExplicitBucketBoundaries(secondsBuckets...))
+		pr.srvReq[1], _ = m.Int64Histogram(ServerReqSizeNew, metric.WithUnit("By"),
+			metric.WithDescription("Size of HTTP server request bodies."))
+		pr.srvResp[1], _ = m.Int64Histogram(ServerRespSizeNew, metric.WithUnit("By"),
+			metric.WithDescription("Size of HTTP server response bodies."))
+		pr.cliDur[1], _ = m.Float64Histogram(ClientDurationNew, metric.WithUnit("s"),
+			metric.WithDescription("Duration of HTTP client requests."),
+			metric.WithExplicitBucketBoundaries(secondsBuckets...))
+	}
+	if r.cfg.Active != nil {
+		active, err := m.Int64ObservableUpDownCounter(ServerActive, metric.WithUnit("{request}"),
+			metric.WithDescription("Number of active HTTP server requests."))
+		if err == nil {
+			_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+				r.observeActive(pr, active, o)
+				return nil
+			}, active)
+		}
+	}
+	return pr
+}
+
+// orchestrator gives pr its gym.servers.active gauge, once.
+func (pr *proc) orchestrator(r *Recorder) {
+	if pr.orch || r.cfg.Servers == nil {
+		return
+	}
+	pr.orch = true
+	g, err := pr.m.Int64ObservableGauge(ServersActive, metric.WithUnit("{server}"),
+		metric.WithDescription("Number of Gym servers this orchestrator runs"))
+	if err != nil {
+		return
+	}
+	pid := pr.p.PID
+	_, _ = pr.m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		n := 0
+		r.mu.Lock()
+		gone := !pr.gone.IsZero()
+		r.mu.Unlock()
+		if !gone {
+			n = r.cfg.Servers(pid)
+		}
+		o.ObserveInt64(g, int64(n))
+		return nil
+	}, g)
+}
+
+// observeActive reports pr's requests in flight by attribute set, and 0
+// for every set seen before, as the instrumentation's up-down counter does.
+func (r *Recorder) observeActive(pr *proc, inst metric.Int64ObservableUpDownCounter, o metric.Observer) {
+	counts := map[attribute.Distinct]int64{}
+	var sets []attribute.Set
+	r.cfg.Active(func(a Active) {
+		if int(a.PID) != pr.p.PID {
+			return
+		}
+		set := attribute.NewSet(activeAttrs(&a, r.cfg.Semconv)...)
+		if _, ok := counts[set.Equivalent()]; !ok {
+			sets = append(sets, set)
+		}
+		counts[set.Equivalent()]++
+	})
+	r.mu.Lock()
+	for _, set := range sets {
+		if _, ok := pr.activeSeen[set.Equivalent()]; !ok && len(pr.activeSeen) < r.cfg.MaxSeries {
+			pr.activeSeen[set.Equivalent()] = set
+		}
+	}
+	seen := make([]attribute.Set, 0, len(pr.activeSeen))
+	for _, set := range pr.activeSeen {
+		seen = append(seen, set)
+	}
+	r.mu.Unlock()
+	for _, set := range seen {
+		o.ObserveInt64(inst, counts[set.Equivalent()], metric.WithAttributeSet(set))
+	}
+}
+
+func (pr *proc) close(ctx context.Context, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pr.mp.Shutdown(ctx); err != nil {
+		log.Debug("gym metrics: closing a process's metrics", "pid", pr.p.PID, "err", err)
+	}
+}
+
+// What a span is measured as.
+type kind uint8
+
+const (
+	kindNone kind = iota
+	kindServer
+	kindClient
+	kindRollout
+	kindVerify
+)
+
+func measureKind(s *spans.Span) kind {
+	switch {
+	case s.Kind == trace.SpanKindServer && s.Group == "server":
+		return kindServer
+	case s.Kind == trace.SpanKindClient && s.Group == "http_client":
+		return kindClient
+	case s.Name == "gym.rollout":
+		return kindRollout
+	case s.Name == "gym.verify":
+		return kindVerify
+	}
+	return kindNone
+}
+
+// measure records one span (r.mu held).
+func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
+	ctx := context.Background()
+	d := s.End.Sub(s.Start)
+	if d < 0 {
+		d = 0
+	}
+	// Gym's instruments carry no attributes.
+	noAttrs := metric.WithAttributeSet(attribute.NewSet())
+	switch k {
+	case kindRollout:
+		pr.rollout.Record(ctx, ms(d), noAttrs)
+		r.sum.rollout(s.End, d)
+	case kindVerify:
+		pr.verify.Record(ctx, ms(d), noAttrs)
+		pr.verifyAll++
+		ok := s.Status != codes.Error
+		if ok {
+			pr.verifyOK++
+		}
+		pr.success.Record(ctx, float64(pr.verifyOK)/float64(pr.verifyAll), noAttrs)
+		r.sum.verify(ok)
+		switch {
+		case s.Measures.HasReward:
+			pr.reward.Record(ctx, s.Measures.Reward, noAttrs)
+		case r.cfg.Reward && ok:
+			r.rewardMissing.Add(1)
+		}
+	case kindServer:
+		e := fromSpan(s)
+		for i, sc := range [2]Semconv{SemconvOld, SemconvNew} {
+			if pr.srvDur[i] == nil {
+				continue
+			}
+			set := metric.WithAttributeSet(r.attrSet(pr, sc.String()+"/server", serverDurationAttrs(&e, sc)))
+			v := d.Seconds()
+			if sc == SemconvOld {
+				v = math.Round(ms(d)) // the instrumentation records whole milliseconds
+			}
+			pr.srvDur[i].Record(ctx, v, set)
+			pr.srvReq[i].Record(ctx, int64(s.Measures.ReqBody), set)
+			pr.srvResp[i].Record(ctx, int64(s.Measures.RespBody), set)
+		}
+	case kindClient:
+		e := fromSpan(s)
+		for i, sc := range [2]Semconv{SemconvOld, SemconvNew} {
+			if pr.cliDur[i] == nil {
+				continue
+			}
+			set := metric.WithAttributeSet(r.attrSet(pr, sc.String()+"/client", clientDurationAttrs(&e, sc)))
+			v := d.Seconds()
+			if sc == SemconvOld {
+				v = math.Round(ms(d))
+			}
+			pr.cliDur[i].Record(ctx, v, set)
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fromSpan reads the HTTP metrics' inputs from a SERVER or CLIENT span's
+// attributes.
+func fromSpan(s *spans.Span) exchange {
+	e := exchange{host: s.Measures.Host}
+	for _, kv := range s.Attrs {
+		switch kv.Key {
+		case "http.request.method":
+			e.method = kv.Value.AsString()
+		case "url.scheme":
+			e.scheme = kv.Value.AsString()
+		case "url.full":
+			if e.scheme == "" {
+				if v := kv.Value.AsString(); len(v) > 5 && v[:5] == "https" {
+					e.scheme = "https"
+				} else {
+					e.scheme = "http"
+				}
+			}
+		case "http.route":
+			e.route = kv.Value.AsString()
+		case "http.response.status_code":
+			e.status = int(kv.Value.AsInt64())
+		case "error.type":
+			e.errType = kv.Value.AsString()
+		case "server.address":
+			e.addr = kv.Value.AsString()
+		case "server.port":
+			e.port = int(kv.Value.AsInt64())
+		}
+	}
+	return e
+}

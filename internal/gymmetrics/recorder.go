@@ -1,0 +1,316 @@
+// Package gymmetrics makes Gym's metrics from the spans gymtrace assembles:
+// gym.rollout.duration_ms, gym.verify.duration_ms, gym.verify.success_rate
+// and gym.servers.active as nemo_gym/telemetry/metrics.py records them, the
+// HTTP server metrics of the FastAPI instrumentation Gym runs, and two Gym
+// does not have: an HTTP client duration and gym.verify.reward.
+//
+// Metrics come from spans, so the span groups gate them as they gate the
+// spans, in the kernel: rollout → the rollout histogram, verify → the verify
+// metrics, server → the HTTP server metrics, http_client → the client
+// duration. A group that is off makes no spans and so no series.
+//
+// Each traced process has its own MeterProvider whose resource is the one its
+// spans carry (service.name=nemo-gym/<server>, ...): as in Gym, the gym.*
+// instruments carry no attributes and the resource tells servers apart. The
+// OTel Go SDK aggregates; a periodic reader per process exports over OTLP
+// (one shared exporter), and a Prometheus registry per process is gathered
+// beside gymtrace's own metrics.
+package gymmetrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/gymtrace/gymtrace/internal/discover"
+	"github.com/gymtrace/gymtrace/internal/export"
+	"github.com/gymtrace/gymtrace/internal/spans"
+)
+
+// DefaultMaxSeries bounds the distinct attribute sets one instrument keeps
+// per process. Routes are templates, so a Gym server has a few dozen; past
+// the bound measurements go to one otel.metric.overflow=true series and
+// Stats.SeriesCapped counts them.
+const DefaultMaxSeries = 200
+
+// maxProcs bounds the processes with metrics at once; a host churning
+// through short-lived traced processes must not grow without end.
+const maxProcs = 512
+
+// Active is one inbound request in flight that has a SERVER span.
+type Active struct {
+	PID            uint32
+	Method, Scheme string
+	Addr           string // the server's (local) address and port
+	Port           int
+	Host           string // the Host header as sent
+}
+
+// Config configures a Recorder.
+type Config struct {
+	// Exporter sends OTLP metrics (nil: none). One exporter serves every
+	// process's periodic reader; OTEL_METRIC_EXPORT_INTERVAL and
+	// OTEL_METRIC_EXPORT_TIMEOUT set the readers' period and timeout.
+	Exporter sdkmetric.Exporter
+	// Prometheus makes Gather serve the metrics.
+	Prometheus bool
+	Semconv    Semconv // 0: SemconvOld
+	// Resources gives each process its resource, the one its spans carry.
+	Resources *export.Resources
+	MaxSeries int // 0: DefaultMaxSeries
+	// Reward is whether the kernel reads rewards (a gym.verify span without
+	// one then counts as Stats.RewardMissing).
+	Reward bool
+	// Servers returns how many Gym servers the orchestrator pid started that
+	// are running now (gym.servers.active).
+	Servers func(pid int) int
+	// Active calls yield for each inbound request in flight with a SERVER
+	// span (http.server.active_requests), at collection time.
+	Active func(yield func(Active))
+	// Linger is how long an exited process's metrics stay, so the last
+	// values (gym.servers.active at 0) are exported and scraped. 0: 30 s.
+	Linger time.Duration
+	Log    *slog.Logger
+}
+
+// Stats are the Recorder's counters, for gymtrace's own metrics.
+type Stats struct {
+	Processes     int    // processes with metrics now
+	SeriesCapped  uint64 // measurements put in the overflow series: the series cap was reached
+	RewardMissing uint64 // gym.verify spans without a reward: the kernel did not find it in the response
+	ProcsCapped   uint64 // spans not measured: too many processes with metrics at once
+}
+
+// Recorder turns finished spans into Gym's metrics. Safe for concurrent use.
+type Recorder struct {
+	cfg Config
+	exp sdkmetric.Exporter // cfg.Exporter behind a Shutdown only Close calls
+
+	mu    sync.Mutex
+	procs map[procKey]*proc
+	sum   summary
+
+	capped, rewardMissing, procsCapped atomic.Uint64
+}
+
+type procKey struct {
+	pid   int
+	start uint64
+}
+
+// New makes a Recorder.
+func New(cfg Config) *Recorder {
+	if cfg.Semconv == 0 {
+		cfg.Semconv = SemconvOld
+	}
+	if cfg.MaxSeries <= 0 {
+		cfg.MaxSeries = DefaultMaxSeries
+	}
+	if cfg.Linger <= 0 {
+		cfg.Linger = 30 * time.Second
+	}
+	if cfg.Resources == nil {
+		cfg.Resources = export.NewResources("")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	r := &Recorder{cfg: cfg, procs: map[procKey]*proc{}}
+	if cfg.Exporter != nil {
+		r.exp = sharedExporter{cfg.Exporter}
+	}
+	return r
+}
+
+// Observe measures finished spans, sampled or not.
+func (r *Recorder) Observe(batch []spans.Span) {
+	if len(batch) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range batch {
+		s := &batch[i]
+		kind := measureKind(s)
+		if kind == kindNone || truncated(s) {
+			continue
+		}
+		pr := r.procLocked(s.Proc)
+		if pr == nil {
+			r.procsCapped.Add(1)
+			continue
+		}
+		r.measure(pr, s, kind)
+	}
+}
+
+// Seen tells the Recorder of a discovered process: an orchestrator gets its
+// gym.servers.active gauge now, before (and without) any traffic of its own.
+func (r *Recorder) Seen(p *discover.Process) {
+	if p == nil || p.Role != discover.RoleOrchestrator {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pr := r.procLocked(p); pr != nil {
+		pr.orchestrator(r)
+	}
+}
+
+// Gone tells the Recorder that pid exited: its gauges read 0 from now, and
+// its metrics go after Linger (Tick).
+func (r *Recorder) Gone(pid int) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, pr := range r.procs {
+		if k.pid == pid && pr.gone.IsZero() {
+			pr.gone = now
+		}
+	}
+}
+
+// Tick drops the metrics of processes that exited more than Linger ago,
+// after a last export. Call it every few seconds.
+func (r *Recorder) Tick(now time.Time) {
+	var done []*proc
+	r.mu.Lock()
+	for k, pr := range r.procs {
+		if !pr.gone.IsZero() && now.Sub(pr.gone) >= r.cfg.Linger {
+			delete(r.procs, k)
+			done = append(done, pr)
+		}
+	}
+	r.mu.Unlock()
+	for _, pr := range done {
+		pr.close(context.Background(), r.cfg.Log)
+	}
+}
+
+// Gather serves the Prometheus registries of every process with metrics.
+func (r *Recorder) Gather() ([]*dto.MetricFamily, error) {
+	r.mu.Lock()
+	gs := make(prometheus.Gatherers, 0, len(r.procs))
+	for _, pr := range r.procs {
+		if pr.reg != nil {
+			gs = append(gs, pr.reg)
+		}
+	}
+	r.mu.Unlock()
+	return gs.Gather()
+}
+
+// ForceFlush exports what every process has now (tests, shutdown).
+func (r *Recorder) ForceFlush(ctx context.Context) error {
+	var errs []error
+	for _, pr := range r.snapshotProcs() {
+		errs = append(errs, pr.mp.ForceFlush(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Close exports the last values and stops every reader and the exporter.
+func (r *Recorder) Close(ctx context.Context) error {
+	r.mu.Lock()
+	prs := make([]*proc, 0, len(r.procs))
+	for k, pr := range r.procs {
+		prs = append(prs, pr)
+		delete(r.procs, k)
+	}
+	r.mu.Unlock()
+	var errs []error
+	for _, pr := range prs {
+		errs = append(errs, pr.mp.Shutdown(ctx))
+	}
+	if r.cfg.Exporter != nil {
+		errs = append(errs, r.cfg.Exporter.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns the Recorder's counters.
+func (r *Recorder) Stats() Stats {
+	r.mu.Lock()
+	n := len(r.procs)
+	r.mu.Unlock()
+	return Stats{Processes: n, SeriesCapped: r.capped.Load(), RewardMissing: r.rewardMissing.Load(),
+		ProcsCapped: r.procsCapped.Load()}
+}
+
+func (r *Recorder) snapshotProcs() []*proc {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*proc, 0, len(r.procs))
+	for _, pr := range r.procs {
+		out = append(out, pr)
+	}
+	return out
+}
+
+// procLocked returns p's metrics, made on first use. A process whose
+// identity changed (its role or server name learnt later) gets a new
+// provider with the new resource; the old one is closed.
+func (r *Recorder) procLocked(p *discover.Process) *proc {
+	var id discover.Process
+	if p != nil {
+		id = *p
+	}
+	k := procKey{pid: id.PID, start: id.StartTime}
+	if pr := r.procs[k]; pr != nil {
+		if pr.p == id {
+			return pr
+		}
+		delete(r.procs, k)
+		go pr.close(context.Background(), r.cfg.Log)
+	}
+	if len(r.procs) >= maxProcs {
+		return nil
+	}
+	pr := newProc(r, id)
+	r.procs[k] = pr
+	return pr
+}
+
+// sharedExporter lets several readers share one exporter: a reader's
+// Shutdown must not close it for the others (Close does, last).
+type sharedExporter struct{ sdkmetric.Exporter }
+
+func (sharedExporter) Shutdown(context.Context) error { return nil }
+
+// overflow is the attribute set measurements take past the series cap, the
+// one the OTel SDK's own cardinality limit uses.
+var overflow = attribute.NewSet(attribute.Bool("otel.metric.overflow", true))
+
+// attrSet returns the set to record kv under for instrument inst of pr,
+// or the overflow set past the cap.
+func (r *Recorder) attrSet(pr *proc, inst string, kv []attribute.KeyValue) attribute.Set {
+	set := attribute.NewSet(kv...)
+	seen := pr.series[inst]
+	if seen == nil {
+		seen = map[attribute.Distinct]struct{}{}
+		pr.series[inst] = seen
+	}
+	if _, ok := seen[set.Equivalent()]; !ok {
+		if len(seen) >= r.cfg.MaxSeries {
+			r.capped.Add(1)
+			return overflow
+		}
+		seen[set.Equivalent()] = struct{}{}
+	}
+	return set
+}
+
+func truncated(s *spans.Span) bool {
+	return slices.ContainsFunc(s.Attrs, func(kv attribute.KeyValue) bool {
+		return kv.Key == export.AttrTruncated && kv.Value.AsBool()
+	})
+}
