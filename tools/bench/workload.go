@@ -65,7 +65,11 @@ const runtimeGym = "gym"
 var workloadConfigs = []wlConfig{
 	{Name: "untraced"},
 	{Name: "groups off", Traced: true, Spec: ""},
+	// Gym's metrics are on by default (every traced row has them, with a
+	// Prometheus reader: the bench scrapes --metrics-addr); this row
+	// measures what they cost.
 	{Name: "default", Traced: true, Spec: "default"},
+	{Name: "default, Gym metrics off", Traced: true, Spec: "default", Args: []string{"--gym-metrics=false"}},
 	{Name: "per_rollout", Traced: true, Spec: "per_rollout"},
 	{Name: "all", Traced: true, Spec: "all"},
 	{Name: "verify, gate", Traced: true, Spec: "verify"},
