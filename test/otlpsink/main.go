@@ -1,14 +1,18 @@
-// Command otlpsink is a real OTLP/gRPC trace receiver for gymtrace's tests.
+// Command otlpsink is a real OTLP/gRPC trace and metrics receiver for
+// gymtrace's tests.
 //
-// It serves the collector's own trace service (pdata's ptraceotlp) so tests
-// exercise the exporter against the same wire code a production OpenTelemetry
-// Collector runs, and appends every received span to a file as one JSON object
-// per line. The file is written once per Export request, before the request is
-// answered, so a test that saw the exporter succeed can read the spans at once.
+// It serves the collector's own trace and metrics services (pdata's ptraceotlp
+// and pmetricotlp, on one listener) so tests exercise the exporters against the
+// same wire code a production OpenTelemetry Collector runs. It appends every
+// received span to a file as one JSON object per line, and every metric data
+// point to another. Each file is written once per Export request, before the
+// request is answered, so a test that saw the exporter succeed can read what it
+// sent at once.
 //
 // Usage:
 //
-//	otlpsink --listen 127.0.0.1:0 --out spans.jsonl [--fail-for 2s] [--delay 200ms]
+//	otlpsink --listen 127.0.0.1:0 --out spans.jsonl [--metrics-out FILE] [--metrics-format points|otlp]
+//	         [--fail-for 2s] [--delay 200ms]
 //
 // The first line on stdout is "listening HOST:PORT".
 package main
@@ -22,6 +26,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -47,6 +53,8 @@ func main() {
 type config struct {
 	listen   string
 	out      string
+	metrics  string // metrics output file ("" with count: none)
+	mformat  string // points or otlp
 	failFor  time.Duration
 	delay    time.Duration
 	count    bool
@@ -61,6 +69,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.out, "out", "", "file to append received spans to, one JSON object per line (required)")
 	fs.DurationVar(&cfg.failFor, "fail-for", 0, "answer UNAVAILABLE for this long after the first Export request, to simulate a collector outage")
 	fs.DurationVar(&cfg.delay, "delay", 0, "wait this long before answering each Export request, to simulate a slow collector")
+	fs.StringVar(&cfg.metrics, "metrics-out", "", "file to append received metric data points to, one JSON line each (default: --out's name with its extension replaced by .metrics.jsonl; none with --count-only)")
+	fs.StringVar(&cfg.mformat, "metrics-format", "points", "metrics output: points (one flat JSON object per data point) or otlp (one OTLP/JSON ExportMetricsServiceRequest per line, pmetric's JSONMarshaler)")
 	fs.BoolVar(&cfg.count, "count-only", false, "accept and count spans but write none (--out not needed): for capacity runs, where the sink should cost no more than a collector's receiver")
 	verbose := fs.Bool("v", false, "log every Export request on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -72,6 +82,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.out == "" && !cfg.count {
 		return cfg, errors.New("--out FILE is required: it is where received spans are written (or --count-only)")
 	}
+	if cfg.mformat != "points" && cfg.mformat != "otlp" {
+		return cfg, fmt.Errorf("--metrics-format %q: want points or otlp", cfg.mformat)
+	}
+	if cfg.metrics == "" && cfg.out != "" && !cfg.count {
+		cfg.metrics = defaultMetricsOut(cfg.out)
+	}
+	if cfg.metrics != "" && filepath.Clean(cfg.metrics) == filepath.Clean(cfg.out) {
+		return cfg, errors.New("--metrics-out must not be the --out file")
+	}
 	if cfg.failFor < 0 || cfg.delay < 0 {
 		return cfg, errors.New("--fail-for and --delay must not be negative")
 	}
@@ -80,6 +99,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.logLevel = slog.LevelInfo
 	}
 	return cfg, nil
+}
+
+// defaultMetricsOut is where metrics go without --metrics-out: next to the
+// spans, spans.jsonl -> spans.metrics.jsonl.
+func defaultMetricsOut(out string) string {
+	return strings.TrimSuffix(out, filepath.Ext(out)) + ".metrics.jsonl"
 }
 
 // run serves until ctx is cancelled. The "listening" line is written to stdout
@@ -95,7 +120,17 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 		out = f
 	}
 
-	s, err := newSink(cfg.listen, out, sinkOptions{failFor: cfg.failFor, delay: cfg.delay, logger: logger})
+	opts := sinkOptions{failFor: cfg.failFor, delay: cfg.delay, logger: logger, metricsFormat: cfg.mformat}
+	if cfg.metrics != "" {
+		// Created now, so a test finds the file (empty) before any export.
+		f, err := os.OpenFile(cfg.metrics, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("opening metrics output file: %w", err)
+		}
+		defer f.Close()
+		opts.metricsOut = f
+	}
+	s, err := newSink(cfg.listen, out, opts)
 	if err != nil {
 		return err
 	}
@@ -114,7 +149,8 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 		s.Stop()
 		<-errc
 		st := s.Stats()
-		logger.Info("otlpsink stopped", "requests", st.Requests, "rejected", st.Rejected, "spans", st.Spans)
+		logger.Info("otlpsink stopped", "requests", st.Requests, "rejected", st.Rejected, "spans", st.Spans,
+			"metric_requests", st.MetricRequests, "metric_rejected", st.MetricRejected, "data_points", st.DataPoints)
 		return nil
 	case err := <-errc:
 		return err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"google.golang.org/grpc"
@@ -54,15 +55,22 @@ type Link struct {
 
 // Stats counts what the sink has seen.
 type Stats struct {
-	Requests int64 // Export requests answered OK
-	Rejected int64 // Export requests answered UNAVAILABLE (--fail-for)
+	Requests int64 // trace Export requests answered OK
+	Rejected int64 // trace Export requests answered UNAVAILABLE (--fail-for)
 	Spans    int64 // spans written
+
+	MetricRequests int64 // metrics Export requests answered OK
+	MetricRejected int64 // metrics Export requests answered UNAVAILABLE (--fail-for)
+	DataPoints     int64 // metric data points received (written, unless counting only)
 }
 
 type sinkOptions struct {
 	failFor time.Duration
 	delay   time.Duration
 	logger  *slog.Logger
+
+	metricsOut    io.Writer // nil: count data points, write none
+	metricsFormat string    // "points" (default) or "otlp"
 }
 
 type sink struct {
@@ -75,10 +83,14 @@ type sink struct {
 	mu  sync.Mutex // serialises writes so concurrent requests never interleave lines
 	out io.Writer  // nil: count spans, write none (--count-only)
 
-	firstOnce sync.Once
-	firstAt   atomic.Int64 // unix nanos of the first Export request
+	metricsMu sync.Mutex // the same for the metrics output
+	exports   int64      // metrics Export requests written, under metricsMu
 
-	requests, rejected, spans atomic.Int64
+	firstOnce sync.Once
+	firstAt   atomic.Int64 // unix nanos of the first Export request, traces or metrics
+
+	requests, rejected, spans                  atomic.Int64
+	metricRequests, metricRejected, dataPoints atomic.Int64
 }
 
 func newSink(listen string, out io.Writer, opts sinkOptions) (*sink, error) {
@@ -94,6 +106,7 @@ func newSink(listen string, out io.Writer, opts sinkOptions) (*sink, error) {
 	// 4 MiB would reject a big exporter batch that a real collector takes.
 	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
 	ptraceotlp.RegisterGRPCServer(s.srv, s)
+	pmetricotlp.RegisterGRPCServer(s.srv, &metricsService{s: s})
 	return s, nil
 }
 
@@ -118,17 +131,20 @@ func (s *sink) Stop() {
 }
 
 func (s *sink) Stats() Stats {
-	return Stats{Requests: s.requests.Load(), Rejected: s.rejected.Load(), Spans: s.spans.Load()}
+	return Stats{Requests: s.requests.Load(), Rejected: s.rejected.Load(), Spans: s.spans.Load(),
+		MetricRequests: s.metricRequests.Load(), MetricRejected: s.metricRejected.Load(), DataPoints: s.dataPoints.Load()}
 }
 
-// Export implements the OTLP trace service.
-func (s *sink) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
+// admit applies --fail-for and --delay to one Export request of either
+// service: a nil error means go on and store it. rejected is that service's
+// counter of UNAVAILABLE answers.
+func (s *sink) admit(ctx context.Context, rejected *atomic.Int64, what string, n int) error {
 	now := time.Now()
 	s.firstOnce.Do(func() { s.firstAt.Store(now.UnixNano()) })
 	if s.opts.failFor > 0 && now.Sub(time.Unix(0, s.firstAt.Load())) < s.opts.failFor {
-		s.rejected.Add(1)
-		s.opts.logger.Info("export rejected (--fail-for)", "spans", req.Traces().SpanCount())
-		return ptraceotlp.NewExportResponse(), status.Error(codes.Unavailable, "otlpsink: simulated outage (--fail-for)")
+		rejected.Add(1)
+		s.opts.logger.Info("export rejected (--fail-for)", what, n)
+		return status.Error(codes.Unavailable, "otlpsink: simulated outage (--fail-for)")
 	}
 	if s.opts.delay > 0 {
 		t := time.NewTimer(s.opts.delay)
@@ -136,8 +152,16 @@ func (s *sink) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptrace
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return ptraceotlp.NewExportResponse(), status.FromContextError(ctx.Err()).Err()
+			return status.FromContextError(ctx.Err()).Err()
 		}
+	}
+	return nil
+}
+
+// Export implements the OTLP trace service.
+func (s *sink) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
+	if err := s.admit(ctx, &s.rejected, "spans", req.Traces().SpanCount()); err != nil {
+		return ptraceotlp.NewExportResponse(), err
 	}
 
 	if s.out == nil { // --count-only

@@ -34,7 +34,16 @@ func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
 		}
 		w = out
 	}
-	s, err := newSink(cfg.listen, w, sinkOptions{failFor: cfg.failFor, delay: cfg.delay})
+	opts := sinkOptions{failFor: cfg.failFor, delay: cfg.delay, metricsFormat: cfg.mformat}
+	if cfg.metrics != "" {
+		mf, err := os.OpenFile(cfg.metrics, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mf.Close() })
+		opts.metricsOut = mf
+	}
+	s, err := newSink(cfg.listen, w, opts)
 	if err != nil {
 		t.Fatalf("starting sink: %v", err)
 	}
@@ -279,5 +288,27 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--out", "x", "extra"}, io.Discard); err == nil {
 		t.Error("stray argument accepted")
+	}
+	// Metrics go next to the spans unless told otherwise.
+	for _, c := range []struct {
+		args         []string
+		want, format string
+	}{
+		{[]string{"--out", "/d/otlp-spans.jsonl"}, "/d/otlp-spans.metrics.jsonl", "points"},
+		{[]string{"--out", "/d/spans"}, "/d/spans.metrics.jsonl", "points"},
+		{[]string{"--out", "/d/s.jsonl", "--metrics-out", "/e/m.jsonl", "--metrics-format", "otlp"}, "/e/m.jsonl", "otlp"},
+		{[]string{"--count-only"}, "", "points"},
+		{[]string{"--count-only", "--metrics-out", "/e/m.jsonl"}, "/e/m.jsonl", "points"},
+	} {
+		cfg, err := parseFlags(c.args, io.Discard)
+		if err != nil || cfg.metrics != c.want || cfg.mformat != c.format {
+			t.Errorf("parseFlags(%q): metrics %q format %q err %v, want %q %q", c.args, cfg.metrics, cfg.mformat, err, c.want, c.format)
+		}
+	}
+	if _, err := parseFlags([]string{"--out", "x", "--metrics-format", "csv"}, io.Discard); err == nil {
+		t.Error("--metrics-format csv accepted")
+	}
+	if _, err := parseFlags([]string{"--out", "x", "--metrics-out", "x"}, io.Discard); err == nil {
+		t.Error("--metrics-out equal to --out accepted")
 	}
 }

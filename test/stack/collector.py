@@ -8,6 +8,7 @@ succeeded, 1 otherwise).
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import sys
@@ -87,8 +88,13 @@ async def collect(a, rows):
                        "reward": r.body.get("reward") if ok and isinstance(r.body, dict) else None}
                 if not ok:
                     res["error"] = json.dumps(r.body)[:300]
+                    # The agent names the hop that failed ("resources /verify answered 500"):
+                    # like Gym's collector, count the failed rollout and go on.
+                    detail = r.body.get("detail") if isinstance(r.body, dict) else None
+                    res["failed_hop"] = detail if isinstance(detail, str) else f"/run answered {r.status}"
             except Exception as e:  # a dead agent must show up in the summary, not as a traceback
-                res = {"rollout_id": rid, "status": None, "reward": None, "error": f"{type(e).__name__}: {e}"}
+                res = {"rollout_id": rid, "status": None, "reward": None, "error": f"{type(e).__name__}: {e}",
+                       "failed_hop": type(e).__name__}
             res["duration_s"] = round(time.perf_counter() - t0, 6)
             results.append(res)
 
@@ -156,6 +162,7 @@ def main():
         "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "rollout_ids": [stacklib.gym_rollout_id(r) for r in rows],
         "errors": [r for r in results if r["status"] != 200][:5],
+        "failed_by": dict(collections.Counter(r["failed_hop"] for r in results if r["status"] != 200)),
         "pid": os.getpid(),
     }
     if aggregate is not None:

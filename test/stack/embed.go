@@ -7,5 +7,5 @@ import "embed"
 
 // Files holds the stack: servers, launcher, collector and fake sandbox CLIs.
 //
-//go:embed *.py bin/ng_collect_rollouts fakebin/docker fakebin/apptainer fakebin/enroot
+//go:embed *.py bin/ng_collect_rollouts bin/ng_run fakebin/docker fakebin/apptainer fakebin/enroot
 var Files embed.FS

@@ -62,12 +62,13 @@ def _die_with_parent():
         pass
 
 
-def parse_args(argv):
+def parse_args(argv, prog=None, description=None):
     collector_extra = []
     if "--" in argv:
         i = argv.index("--")
         argv, collector_extra = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(description="Start the Gym-shaped test stack (resources, model, agent) for gymtrace tests.",
+    p = argparse.ArgumentParser(prog=prog,
+                                description=description or "Start the Gym-shaped test stack (resources, model, agent) for gymtrace tests.",
                                 epilog="Arguments after -- go to the collector (see collector.py --help).")
     p.add_argument("--host", default="127.0.0.1", help="bind address for every server (127.0.0.1 or ::1)")
     p.add_argument("--ports", help="AGENT,MODEL,RESOURCES ports (default: free ports)")
@@ -90,6 +91,17 @@ def parse_args(argv):
     p.add_argument("--model-latency-ms", type=float, default=5.0, help="model sleep per call")
     p.add_argument("--base-middleware", choices=["responses", "all", "none"], default="responses",
                    help="agent routes behind a BaseHTTPMiddleware")
+    p.add_argument("--rewards", choices=["binary", "varied"], default="binary",
+                   help="resources /verify rewards: binary (1.0 when the session cookie made every hop, else 0.0) or "
+                        "varied (seeded, in several JSON number forms; still 0.0 when the cookie check fails)")
+    p.add_argument("--reward-seed", type=int, default=0, help="seed of --rewards varied and --verify-fail-rate")
+    p.add_argument("--verify-pad", type=int, default=0, metavar="KIB",
+                   help="/verify echoes its request, padded past KIB KiB, with decoy rewards before the real (last) key")
+    p.add_argument("--verify-fail-rate", type=float, default=0.0, metavar="F",
+                   help="this fraction of /verify calls raise, answering HTTP 500 (seeded by --reward-seed)")
+    p.add_argument("--exec-ng-run", action="store_true",
+                   help="first exec bin/ng_run with the other options: this same process (same pid) becomes the "
+                        "servers' parent, named ng_run, and serves until SIGTERM/SIGINT")
     p.add_argument("--startup-timeout", type=float, default=30.0, help="seconds to wait for each server")
     p.add_argument("--warmup", type=int, default=0,
                    help="run N rollouts before printing the ready line, so pooled keep-alive connections already exist")
@@ -104,6 +116,8 @@ def parse_args(argv):
         p.error("nothing to do: pass --rollouts N, --serve, or both")
     if a.check_truth and not a.truth:
         p.error("--check-truth needs --truth FILE")
+    if a.verify_pad < 0 or not 0.0 <= a.verify_fail_rate <= 1.0:
+        p.error("--verify-pad must be >= 0 and --verify-fail-rate in [0, 1]")
     return a
 
 
@@ -126,7 +140,21 @@ def server_flags(a, kind):
         flags += ["--latency-ms", str(a.model_latency_ms)]
     if kind == "agent":
         flags += ["--base-middleware", a.base_middleware]
+    if kind == "resources":  # only what differs from the defaults: default command lines stay as they were
+        if a.rewards != "binary":
+            flags += ["--rewards", a.rewards]
+        if a.reward_seed:
+            flags += ["--reward-seed", str(a.reward_seed)]
+        if a.verify_pad:
+            flags += ["--verify-pad", str(a.verify_pad)]
+        if a.verify_fail_rate:
+            flags += ["--verify-fail-rate", repr(a.verify_fail_rate)]
     return flags
+
+
+def verify_options(a):
+    return {"rewards": a.rewards, "reward_seed": a.reward_seed, "verify_pad_kib": a.verify_pad,
+            "verify_fail_rate": a.verify_fail_rate}
 
 
 def children_of(pid):
@@ -287,8 +315,20 @@ def stop_servers(servers, timeout=10.0):
     return codes
 
 
-def main(argv):
-    a = parse_args(argv)
+def exec_ng_run(argv):
+    """launch.py --exec-ng-run ...: become bin/ng_run (same pid), so a caller that
+    can only run launch.py gets Gym's orchestrator name as the servers' parent."""
+    script = os.path.join(HERE, "bin", "ng_run")
+    i = argv.index("--exec-ng-run")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(script, [script] + argv[:i] + argv[i + 1:])
+
+
+def main(argv, prog=None, description=None):
+    if prog is None and "--exec-ng-run" in (argv[:argv.index("--")] if "--" in argv else argv):
+        exec_ng_run(argv)
+    a = parse_args(argv, prog, description)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     log_dir = a.log_dir or tempfile.mkdtemp(prefix="gymstack-")
@@ -325,6 +365,7 @@ def main(argv):
         coll = collector_argv(a, agent_url)
         ready = {
             "event": "ready", "host": a.host, "http": a.http, "loop": a.loop, "log_dir": log_dir, "truth": a.truth,
+            "launcher": prog or "launch.py", "launcher_pid": os.getpid(), "verify": verify_options(a),
             "servers": {k: {f: s[f] for f in ("name", "type", "pid", "host", "port", "url", "log")}
                         | ({"shell_pid": s["shell_pid"]} if "shell_pid" in s else {})
                         for k, s in servers.items()},

@@ -271,17 +271,32 @@ class TruthMiddleware:
         t0, m0 = now_ns(), mono_ns()
         try:
             await self.app(scope, receive, send_status)
+        except Exception:
+            # A handler that raised: answer what Starlette's outer
+            # ServerErrorMiddleware would (500 "Internal Server Error"), but
+            # through send_status so the end time is taken as for any answer.
+            # Re-raised, so uvicorn logs it and closes the connection, as for a
+            # Gym server whose handler raised. Unlike Gym's, the answer says
+            # "Connection: close": the client then never reuses the socket
+            # uvicorn is closing (a reset and a retry, at random, otherwise).
+            if status[0] is None:
+                from starlette.responses import PlainTextResponse
+                await PlainTextResponse("Internal Server Error", status_code=500,
+                                        headers={"connection": "close"})(scope, receive, send_status)
+            raise
         finally:
             if self.truth.enabled:
                 route = scope.get("route")
-                self.truth.emit({
+                rec = {
                     "ev": "in", "id": rid, "method": method, "path": path,
                     "route": getattr(route, "path", None),
                     "local": addr_pair(scope.get("server")), "peer": addr_pair(scope.get("client")),
                     "status": status[0] if status[0] is not None else 500,
                     "rollout_id": scope.get("gt_rollout_id"),
                     "t_start": t0, "t_end": end[0] or now_ns(), "mono_start": m0, "mono_end": end[1] or mono_ns(),
-                })
+                }
+                rec.update(scope.get("gt_extra") or {})  # route-specific fields (resources /verify: the reward)
+                self.truth.emit(rec)
 
 
 class StripRolloutPrefix:

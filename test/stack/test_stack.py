@@ -3,14 +3,18 @@
     /usr/bin/python3 -m unittest discover -s test/stack -p 'test_*.py' -v
 """
 
+import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
@@ -20,6 +24,7 @@ import truthcheck  # noqa: E402
 
 PY = "/usr/bin/python3"
 LAUNCH = os.path.join(HERE, "launch.py")
+NG_RUN = os.path.join(HERE, "bin", "ng_run")
 
 
 def launch(*args, timeout=120):
@@ -123,6 +128,218 @@ class StackTest(unittest.TestCase):
         r, ev = launch("--rollouts", "1", "--log-dir", self.tmp, "--", "--sandbox", "docker")
         self.assertNotEqual(r.returncode, 0)
         self.assertEqual(ev["summary"]["failed"], 1)
+
+
+def http(method, url, body=None, headers=None, timeout=10):
+    """(status, headers, raw body) of one request; HTTP errors are answers too."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+class ResourcesServer:
+    """One resources.py started by hand (no Gym env), for its /verify alone."""
+
+    def __init__(self, tmp, *flags):
+        self.port = stacklib.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.truth = os.path.join(tmp, f"resources-{self.port}.jsonl")
+        self.log = open(os.path.join(tmp, f"resources-{self.port}.log"), "wb")
+        self.proc = subprocess.Popen([PY, os.path.join(HERE, "resources.py"), "--port", str(self.port),
+                                      "--truth", self.truth, *flags], cwd=HERE, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if http("GET", self.url + "/", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"resources.py did not start; see {self.log.name}")
+            time.sleep(0.05)
+
+    def verify(self, body, seeded=True):
+        """POST /verify, with a session seeded first (so the cookie check passes) when seeded."""
+        headers = {}
+        if seeded:
+            st, h, _ = http("POST", self.url + "/seed_session", {"expected_tool_calls": 0})
+            assert st == 200, st
+            headers["Cookie"] = h["Set-Cookie"].split(";", 1)[0]
+        return http("POST", self.url + "/verify", body, headers)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(15)
+        self.log.close()
+        return truthcheck.load(self.truth)
+
+
+def last_key_value(raw):
+    """The last top-level key of a JSON object and its value's text."""
+    keys = list(json.loads(raw, object_pairs_hook=lambda kv: kv))
+    m = re.search(rb'"reward":(-?[0-9][0-9.eE+-]*)}$', raw)
+    return keys[-1][0], m.group(1).decode() if m else None
+
+
+class VerifyOptionsTest(unittest.TestCase):
+    """resources /verify: --rewards varied, --verify-pad, --verify-fail-rate."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gymstack-test-")
+
+    def server(self, *flags):
+        s = ResourcesServer(self.tmp, *flags)
+        self.addCleanup(lambda: s.proc.poll() is None and s.stop())
+        return s
+
+    def test_default_answer_unchanged(self):
+        s = self.server()
+        st, h, raw = s.verify({"response": {"x": 1}})
+        self.assertEqual((st, raw), (200, b'{"reward":1.0,"session_found":true,"tool_calls":0}'))
+        st, h, raw = s.verify({"response": {}}, seeded=False)
+        self.assertEqual(json.loads(raw)["reward"], 0.0)
+        v = truthcheck.verify_ins(s.stop())
+        self.assertEqual([(r["reward"], r["reward_text"], r["session_ok"]) for r in v], [(1.0, "1.0", True), (0.0, "0.0", False)])
+
+    def test_varied_rewards_are_seeded_forms_and_reward_is_last(self):
+        texts = []
+        for _ in range(2):
+            s = self.server("--rewards", "varied", "--reward-seed", "11")
+            answers = [s.verify({"response": {"n": i}}) for i in range(12)]
+            recs = truthcheck.verify_ins(s.stop())
+            got = []
+            for (st, h, raw), r in zip(answers, recs):
+                self.assertEqual(st, 200, raw)
+                self.assertEqual(h["Content-Type"], "application/json")
+                key, text = last_key_value(raw)
+                self.assertEqual(key, "reward", raw)
+                self.assertEqual(text, r["reward_text"])  # the truth has the exact text on the wire
+                self.assertEqual(float(text), r["reward"])
+                self.assertEqual(json.loads(raw)["reward"], r["reward"])
+                self.assertEqual(r["body_bytes"], len(raw))
+                self.assertIsNone(truthcheck.bad_verify(r), r)
+                got.append(text)
+            # Two blocks: every form twice.
+            self.assertEqual(collections.Counter(r["reward_form"] for r in recs),
+                             {f: 2 for f in ("int", "neg_int", "frac", "exp", "EXP", "long")})
+            texts.append(got)
+        self.assertEqual(texts[0], texts[1], "same seed, different rewards")
+        t = texts[0]
+        self.assertTrue(any(re.fullmatch(r"-?[0-9.]+e-[0-9]+", x) for x in t), t)      # -1.5e-3
+        self.assertTrue(any(re.fullmatch(r"-?[0-9]+E[+-][0-9]+", x) for x in t), t)    # 2E+2
+        self.assertTrue(any(re.fullmatch(r"-[0-9]+", x) for x in t), t)                # -3
+        self.assertTrue(any(re.fullmatch(r"-?[0-9]+\.[0-9]{6}", x) for x in t), t)    # 7.000001
+        self.assertTrue(any(re.fullmatch(r"-?[0-9]+\.[0-9]{1,3}", x) for x in t), t)  # 0.125
+        s = self.server("--rewards", "varied", "--reward-seed", "12")
+        other = [last_key_value(s.verify({})[2])[1] for _ in range(12)]
+        self.assertNotEqual(other, t, "another seed, same rewards")
+        # A failed cookie check still answers 0.0.
+        st, _, raw = s.verify({}, seeded=False)
+        self.assertEqual(last_key_value(raw), ("reward", "0.0"))
+        self.assertFalse(truthcheck.verify_ins(s.stop())[-1]["session_ok"])
+
+    def test_pad_echoes_request_with_decoys(self):
+        s = self.server("--rewards", "varied", "--reward-seed", "3", "--verify-pad", "40")
+        req = {"response": {"object": "response", "turns": [{"tool": {"city": "Paris"}}]}, "verify_sandbox": None}
+        st, _, raw = s.verify(req)
+        self.assertEqual(st, 200)
+        self.assertGreater(len(raw), 40 * 1024)
+        self.assertEqual(len(raw), 40 * 1024 + 1)
+        body = json.loads(raw)
+        key, text = last_key_value(raw)
+        self.assertEqual(key, "reward")
+        self.assertEqual(body["reward"], float(text))
+        echo = body["request"]
+        self.assertEqual({k: echo[k] for k in req}, req)        # the request, echoed
+        self.assertEqual(echo["reward"], 98765.4321)             # nested decoy
+        self.assertEqual(echo["grader"]["reward"], -4242.5)      # deeper decoy
+        self.assertIn('{"reward": 12345}', body["transcript"])  # decoy in a string...
+        self.assertIn(b'{\\"reward\\": 12345}', raw)          # ...escaped on the wire
+        self.assertEqual(body["reward_std"], 4321)
+        self.assertEqual(raw.count(b'"reward":'), 3)             # 2 decoy keys, then the real one
+        self.assertTrue(raw.endswith(f'"reward":{text}}}'.encode()), raw[-60:])
+        rec = truthcheck.verify_ins(s.stop())[0]
+        self.assertEqual((rec["reward_text"], rec["body_bytes"]), (text, len(raw)))
+        # Binary rewards can be padded too.
+        b = self.server("--verify-pad", "2")
+        st, _, raw = b.verify({})
+        self.assertEqual((st, last_key_value(raw)), (200, ("reward", "1.0")))
+        self.assertGreater(len(raw), 2048)
+
+    def test_fail_rate_answers_500(self):
+        s = self.server("--verify-fail-rate", "1")
+        st, h, raw = s.verify({})
+        self.assertEqual((st, raw), (500, b"Internal Server Error"))
+        self.assertEqual(h["Connection"], "close")
+        self.assertEqual(s.proc.poll(), None, "a raising /verify must not stop the server")
+        rec = truthcheck.verify_ins(s.stop())[0]
+        self.assertEqual((rec["status"], rec["verify_outcome"], rec["reward"], rec["reward_text"]), (500, "raised", None, None))
+        self.assertIsNone(truthcheck.bad_verify(rec))
+
+    def test_launch_varied_padded_failing(self):
+        """Through launch.py and the collector: the options reach the server, a
+        /verify 500 fails its rollout only (counted, not retried), the truth agrees."""
+        truth = os.path.join(self.tmp, "truth.jsonl")
+        r, ev = launch("--rollouts", "16", "--concurrency", "4", "--truth", truth, "--check-truth", "--log-dir", self.tmp,
+                       "--rewards", "varied", "--reward-seed", "5", "--verify-pad", "64", "--verify-fail-rate", "0.25")
+        self.assertEqual(ev["ready"]["verify"], {"rewards": "varied", "reward_seed": 5, "verify_pad_kib": 64,
+                                                 "verify_fail_rate": 0.25})
+        tc, summ = ev["truth_check"], ev["summary"]
+        self.assertTrue(tc["ok"], tc)
+        v = truthcheck.verify_ins(truthcheck.load(truth))
+        failed = [x for x in v if x["status"] == 500]
+        ok = [x for x in v if x["status"] == 200]
+        self.assertEqual(len(v), 16)
+        self.assertTrue(0 < len(failed) < 16, [x["status"] for x in v])
+        self.assertEqual((tc["verify_failed"], summ["failed"], summ["ok"]), (len(failed), len(failed), len(ok)))
+        self.assertEqual(summ["failed_by"], {"resources /verify answered 500": len(failed)})
+        self.assertEqual(r.returncode, 1)  # some rollout failed
+        self.assertEqual(tc["out_errors"], 0)  # nothing retried
+        self.assertTrue(all(x["body_bytes"] > 64 * 1024 and x["session_ok"] for x in ok))
+        self.assertAlmostEqual(summ["reward_mean"], sum(x["reward"] for x in ok) / len(ok), places=3)
+        self.assertEqual(set(ev["stopped"]["exit_codes"].values()), {0})
+
+
+class NgRunTest(unittest.TestCase):
+    def test_ng_run_is_the_servers_parent_and_stops_them(self):
+        self.check_ng_run([NG_RUN])
+
+    def test_launch_exec_ng_run(self):
+        # As test/e2e's startStack runs it: launch.py --serve --warmup 2 ARGS.
+        self.check_ng_run([PY, LAUNCH, "--serve", "--warmup", "2", "--exec-ng-run"])
+
+    def check_ng_run(self, argv):
+        tmp = tempfile.mkdtemp(prefix="gymstack-test-")
+        r = subprocess.Popen(argv + ["--log-dir", tmp, "--rewards", "varied"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            ready = json.loads(r.stdout.readline())
+            self.assertEqual(ready["event"], "ready", ready)
+            self.assertEqual((ready["launcher"], ready["launcher_pid"]), ("ng_run", r.pid))
+            with open(f"/proc/{r.pid}/comm") as f:
+                self.assertEqual(f.read().strip(), "ng_run")  # what discovery's table matches
+            with open(f"/proc/{r.pid}/cmdline", "rb") as f:
+                self.assertEqual(os.path.basename(f.read().split(b"\0")[1]), b"ng_run")
+            for s in ready["servers"].values():
+                with open(f"/proc/{s['pid']}/status") as f:
+                    ppid = int(next(ln for ln in f if ln.startswith("PPid:")).split()[1])
+                self.assertEqual(ppid, r.pid, s)
+                st, _, raw = http("GET", s["url"] + "/")
+                self.assertEqual((st, json.loads(raw)["pid"]), (200, s["pid"]))
+            c = subprocess.run(ready["collector_argv"] + ["--rollouts", "2"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(c.returncode, 0, c.stderr)
+        finally:
+            r.send_signal(signal.SIGTERM)
+            out, err = r.communicate(timeout=30)
+        self.assertEqual(r.returncode, 0, err)
+        self.assertEqual(json.loads(out.splitlines()[-1]), {"event": "stopped", "exit_codes": {"resources": 0, "model": 0, "agent": 0}})
+        for s in ready["servers"].values():
+            self.assertFalse(os.path.exists(f"/proc/{s['pid']}"), f"{s['name']} still running")
 
 
 if __name__ == "__main__":

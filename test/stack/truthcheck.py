@@ -10,11 +10,20 @@ CLOCK_MONOTONIC time. A scorer matches exported spans the same way: a CLIENT
 span to an "out" by network.local.port / server.port and time, a SERVER span
 to an "in" by client.port / server.port and time; the CLIENT span's true
 parent is then the span of the "in" named by the out's "cause".
+
+Each resources /verify "in" also says what it answered: reward (float),
+reward_text (the number exactly as written in the body), reward_form,
+session_ok, verify_outcome and body_bytes; check() verifies they agree with
+each other and with the status.
 """
 
 import collections
 import json
+import re
 import sys
+
+# RFC 8259 number grammar: what a reward's text must match.
+JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
 def load(path):
@@ -57,6 +66,32 @@ def join(recs):
     return pairs, unmatched, ambiguous, unmatched_in
 
 
+def verify_ins(recs):
+    """The resources /verify "in" records (with their reward fields)."""
+    return [r for r in recs if r["ev"] == "in" and r.get("route") == "/verify"]
+
+
+def bad_verify(r):
+    """Why a /verify "in" record is inconsistent, or None. Records from
+    before the reward fields existed are not checked."""
+    if "verify_outcome" not in r:
+        return None
+    if r["verify_outcome"] == "reward":
+        if r["status"] != 200:
+            return f"reward answered with status {r['status']}"
+        text = r.get("reward_text")
+        if not isinstance(text, str) or not JSON_NUMBER.fullmatch(text):
+            return f"reward_text {text!r} is not a JSON number"
+        if not isinstance(r.get("reward"), (int, float)) or float(text) != r["reward"]:
+            return f"reward {r.get('reward')!r} is not the value of reward_text {text!r}"
+        return None
+    if r["status"] == 200:
+        return f"verify_outcome {r['verify_outcome']!r} with status 200"
+    if r.get("reward") is not None or r.get("reward_text") is not None:
+        return "a failed /verify carries a reward"
+    return None
+
+
 def check(path):
     recs = load(path)
     in_ids = {r["id"] for r in recs if r["ev"] == "in"}
@@ -66,15 +101,21 @@ def check(path):
     no_socket = [r for r in outs if not r.get("error") and not r.get("local")]
     pairs, unmatched, ambiguous, unmatched_in = join(recs)
     runs = [r for r in recs if r["ev"] == "in" and r["path"] == "/run"]
+    verifies = verify_ins(recs)
+    bad_verifies = [dict(r, why=bad_verify(r)) for r in verifies if bad_verify(r)]
     res = {
         "records": len(recs), "in": len(in_ids), "out": len(outs), "spawn": len(spawns),
         "out_errors": sum(1 for r in outs if r.get("error")),
         "joined": len(pairs), "unmatched_out": len(unmatched), "ambiguous_out": len(ambiguous),
         "unmatched_in": len(unmatched_in), "missing_cause": len(missing_cause), "out_without_socket": len(no_socket),
         "runs": len(runs), "rollout_ids": len({r.get("rollout_id") for r in runs}),
+        "verify": len(verifies), "verify_ok": sum(1 for r in verifies if r["status"] == 200),
+        "verify_failed": sum(1 for r in verifies if r["status"] != 200),
+        "reward_forms": dict(collections.Counter(r["reward_form"] for r in verifies if r.get("reward_form"))),
+        "bad_verify": len(bad_verifies),
     }
-    res["ok"] = not (missing_cause or no_socket or unmatched or ambiguous or unmatched_in)
-    examples = (missing_cause + no_socket + unmatched + ambiguous + unmatched_in)[:3]
+    res["ok"] = not (missing_cause or no_socket or unmatched or ambiguous or unmatched_in or bad_verifies)
+    examples = (missing_cause + no_socket + unmatched + ambiguous + unmatched_in + bad_verifies)[:3]
     if examples:
         res["examples"] = examples
     return res
