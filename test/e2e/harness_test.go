@@ -201,6 +201,7 @@ type gtOpts struct {
 	otlp   string // OTLP endpoint; "" with jsonl set
 	jsonl  string // --exporter jsonl --output FILE
 	extra  []string
+	env    []string // added to gymtrace's environment
 }
 
 // startGymtrace runs gymtrace on the given pids and waits for its
@@ -225,6 +226,7 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 	argv = append(argv, o.extra...)
 	// The environment must not point the exporter elsewhere.
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}
+	env = append(env, o.env...)
 	g.proc = startProc(t, t, "gymtrace", argv, procOpts{Env: env})
 	g.WaitOutput(t, true, "gymtrace: attached", 60*time.Second)
 	return g

@@ -50,15 +50,20 @@ type truthRec struct {
 	Status    int       `json:"status"`
 	Error     string    `json:"error"`
 	RolloutID string    `json:"rollout_id"`
-	ChildPID  int       `json:"child_pid"`
-	TStart    int64     `json:"t_start"`
-	TEnd      int64     `json:"t_end"`
-	MonoStart int64     `json:"mono_start"`
-	MonoEnd   int64     `json:"mono_end"`
-	Verb      string    `json:"verb"`
-	Server    string    `json:"server"`
-	Type      string    `json:"type"`
-	PID       int       `json:"pid"`
+	// resources /verify (test/stack --rewards): what it answered.
+	Reward        *float64 `json:"reward"`
+	RewardText    string   `json:"reward_text"`
+	VerifyOutcome string   `json:"verify_outcome"`
+	BodyBytes     int      `json:"body_bytes"`
+	ChildPID      int      `json:"child_pid"`
+	TStart        int64    `json:"t_start"`
+	TEnd          int64    `json:"t_end"`
+	MonoStart     int64    `json:"mono_start"`
+	MonoEnd       int64    `json:"mono_end"`
+	Verb          string   `json:"verb"`
+	Server        string   `json:"server"`
+	Type          string   `json:"type"`
+	PID           int      `json:"pid"`
 }
 
 func (r truthRec) String() string {

@@ -32,6 +32,7 @@ type stackReady struct {
 	LogDir        string                 `json:"log_dir"`
 	Servers       map[string]stackServer `json:"servers"`
 	CollectorArgv []string               `json:"collector_argv"`
+	LauncherPID   int                    `json:"launcher_pid"` // launch.py, or ng_run with --exec-ng-run
 }
 
 type stack struct {
