@@ -31,6 +31,17 @@ func TestRender(t *testing.T) {
 	}
 }
 
+func TestRenderGymMetrics(t *testing.T) {
+	prev := Snapshot{Targets: 4, Gym: GymSummary{Rollouts: 100}}
+	cur := Snapshot{Targets: 4, Gym: GymSummary{Rollouts: 130, RolloutP50: 850 * time.Millisecond,
+		RolloutP99: 2250 * time.Millisecond, VerifyOK: 199, VerifyAll: 200}}
+	got := Render(prev, cur, 10*time.Second, 0)
+	want := "targets 4 | spans/s - | rollouts/s 3.0 p50 850ms p99 2.25s | verify ok 99.5% | drops 0"
+	if got != want {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}
+
 type lockedBuf = testproc.Buffer
 
 func TestStatusLineOnATerminal(t *testing.T) {
