@@ -12,9 +12,11 @@
 // Usage:
 //
 //	otlpsink --listen 127.0.0.1:0 --out spans.jsonl [--metrics-out FILE] [--metrics-format points|otlp]
-//	         [--fail-for 2s] [--delay 200ms]
+//	         [--http-listen 127.0.0.1:0] [--fail-for 2s] [--delay 200ms]
 //
-// The first line on stdout is "listening HOST:PORT".
+// The first line on stdout is "listening HOST:PORT"; with --http-listen (the
+// OTLP/HTTP receiver: POST /v1/traces and /v1/metrics) the second is
+// "listening-http HOST:PORT".
 package main
 
 import (
@@ -52,6 +54,7 @@ func main() {
 
 type config struct {
 	listen   string
+	httpAddr string // --http-listen: also serve OTLP/HTTP here
 	out      string
 	metrics  string // metrics output file ("" with count: none)
 	mformat  string // points or otlp
@@ -66,6 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("otlpsink", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:0", "address to serve OTLP/gRPC on (port 0 picks a free port)")
+	fs.StringVar(&cfg.httpAddr, "http-listen", "", "also serve OTLP/HTTP (POST /v1/traces, /v1/metrics; protobuf or JSON, gzip or not) on this address (port 0 picks a free port); default none")
 	fs.StringVar(&cfg.out, "out", "", "file to append received spans to, one JSON object per line (required)")
 	fs.DurationVar(&cfg.failFor, "fail-for", 0, "answer UNAVAILABLE for this long after the first Export request, to simulate a collector outage")
 	fs.DurationVar(&cfg.delay, "delay", 0, "wait this long before answering each Export request, to simulate a slow collector")
@@ -120,7 +124,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 		out = f
 	}
 
-	opts := sinkOptions{failFor: cfg.failFor, delay: cfg.delay, logger: logger, metricsFormat: cfg.mformat}
+	opts := sinkOptions{failFor: cfg.failFor, delay: cfg.delay, logger: logger, metricsFormat: cfg.mformat, httpListen: cfg.httpAddr}
 	if cfg.metrics != "" {
 		// Created now, so a test finds the file (empty) before any export.
 		f, err := os.OpenFile(cfg.metrics, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -134,7 +138,11 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 	if err != nil {
 		return err
 	}
-	if _, err := fmt.Fprintf(stdout, "listening %s\n", s.Addr()); err != nil {
+	lines := fmt.Sprintf("listening %s\n", s.Addr())
+	if a := s.HTTPAddr(); a != nil {
+		lines += fmt.Sprintf("listening-http %s\n", a)
+	}
+	if _, err := io.WriteString(stdout, lines); err != nil {
 		s.Stop()
 		return fmt.Errorf("writing the listening line: %w", err)
 	}

@@ -71,6 +71,8 @@ type sinkOptions struct {
 
 	metricsOut    io.Writer // nil: count data points, write none
 	metricsFormat string    // "points" (default) or "otlp"
+
+	httpListen string // also serve OTLP/HTTP here (--http-listen); "" none
 }
 
 type sink struct {
@@ -78,6 +80,7 @@ type sink struct {
 
 	lis  net.Listener
 	srv  *grpc.Server
+	http *httpReceiver // nil without --http-listen
 	opts sinkOptions
 
 	mu  sync.Mutex // serialises writes so concurrent requests never interleave lines
@@ -107,20 +110,58 @@ func newSink(listen string, out io.Writer, opts sinkOptions) (*sink, error) {
 	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
 	ptraceotlp.RegisterGRPCServer(s.srv, s)
 	pmetricotlp.RegisterGRPCServer(s.srv, &metricsService{s: s})
+	if opts.httpListen != "" {
+		h, err := newHTTPReceiver(s, opts.httpListen)
+		if err != nil {
+			lis.Close()
+			return nil, err
+		}
+		s.http = h
+	}
 	return s, nil
 }
 
 func (s *sink) Addr() net.Addr { return s.lis.Addr() }
 
-func (s *sink) Serve() error {
-	if err := s.srv.Serve(s.lis); err != nil && err != grpc.ErrServerStopped {
-		return fmt.Errorf("serving OTLP/gRPC: %w", err)
+// HTTPAddr is the OTLP/HTTP listener's address, nil without one.
+func (s *sink) HTTPAddr() net.Addr {
+	if s.http == nil {
+		return nil
 	}
-	return nil
+	return s.http.lis.Addr()
+}
+
+// Serve serves gRPC, and OTLP/HTTP when configured, until Stop; the first
+// listener to fail ends it.
+func (s *sink) Serve() error {
+	errc := make(chan error, 2)
+	n := 1
+	if s.http != nil {
+		n++
+		go func() { errc <- s.http.serve() }()
+	}
+	go func() {
+		if err := s.srv.Serve(s.lis); err != nil && err != grpc.ErrServerStopped {
+			errc <- fmt.Errorf("serving OTLP/gRPC: %w", err)
+			return
+		}
+		errc <- nil
+	}()
+	var first error
+	for i := 0; i < n; i++ {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			s.Stop()
+		}
+	}
+	return first
 }
 
 // Stop waits briefly for in-flight requests so their spans reach the file.
 func (s *sink) Stop() {
+	if s.http != nil {
+		s.http.stop()
+	}
 	done := make(chan struct{})
 	go func() { s.srv.GracefulStop(); close(done) }()
 	select {

@@ -24,6 +24,13 @@ import (
 // startSink serves a sink on a free port until the test ends.
 func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
 	t.Helper()
+	s := startSinkServer(t, cfg)
+	return s.Addr().String(), s.Stats
+}
+
+// startSinkServer is startSink returning the sink itself (for HTTPAddr).
+func startSinkServer(t *testing.T, cfg config) *sink {
+	t.Helper()
 	var out *os.File
 	var w io.Writer // nil with count: --count-only
 	if !cfg.count {
@@ -34,7 +41,7 @@ func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
 		}
 		w = out
 	}
-	opts := sinkOptions{failFor: cfg.failFor, delay: cfg.delay, metricsFormat: cfg.mformat}
+	opts := sinkOptions{failFor: cfg.failFor, delay: cfg.delay, metricsFormat: cfg.mformat, httpListen: cfg.httpAddr}
 	if cfg.metrics != "" {
 		mf, err := os.OpenFile(cfg.metrics, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
@@ -58,7 +65,7 @@ func startSink(t *testing.T, cfg config) (addr string, stats func() Stats) {
 			out.Close()
 		}
 	})
-	return s.Addr().String(), s.Stats
+	return s
 }
 
 // --count-only accepts and counts, writes nothing, and needs no --out.

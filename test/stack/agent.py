@@ -232,7 +232,7 @@ def main():
                              "({type: ..., name: ...}) in NEMO_GYM_CONFIG_DICT, or --peers without config")
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
     client = stacklib.GymClient(truth)
-    stacklib.serve(build_app(cfg, truth, client, args.base_middleware), cfg, args)
+    stacklib.serve(build_app(cfg, truth, client, args.base_middleware), cfg, args, client)
 
 
 if __name__ == "__main__":

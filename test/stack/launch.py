@@ -99,6 +99,7 @@ def parse_args(argv, prog=None, description=None):
                    help="/verify echoes its request, padded past KIB KiB, with decoy rewards before the real (last) key")
     p.add_argument("--verify-fail-rate", type=float, default=0.0, metavar="F",
                    help="this fraction of /verify calls raise, answering HTTP 500 (seeded by --reward-seed)")
+    stacklib.add_gym_telemetry_args(p)  # passed to every server only when on
     p.add_argument("--exec-ng-run", action="store_true",
                    help="first exec bin/ng_run with the other options: this same process (same pid) becomes the "
                         "servers' parent, named ng_run, and serves until SIGTERM/SIGINT")
@@ -140,6 +141,12 @@ def server_flags(a, kind):
         flags += ["--latency-ms", str(a.model_latency_ms)]
     if kind == "agent":
         flags += ["--base-middleware", a.base_middleware]
+    if a.gym_telemetry != "off":
+        flags += ["--gym-telemetry", a.gym_telemetry, "--gym-span-groups", a.gym_span_groups]
+        if a.gym_telemetry_endpoint:
+            flags += ["--gym-telemetry-endpoint", a.gym_telemetry_endpoint]
+        if a.gym_telemetry_out:
+            flags += ["--gym-telemetry-out", a.gym_telemetry_out]
     if kind == "resources":  # only what differs from the defaults: default command lines stay as they were
         if a.rewards != "binary":
             flags += ["--rewards", a.rewards]
@@ -371,6 +378,9 @@ def main(argv, prog=None, description=None):
                         for k, s in servers.items()},
             "collector_argv": coll,
         }
+        if a.gym_telemetry != "off":
+            ready["gym_telemetry"] = {"exporter": a.gym_telemetry, "span_groups": a.gym_span_groups,
+                                      "endpoint": a.gym_telemetry_endpoint, "flush_path": "/_gymtel/flush"}
         if a.warmup:
             w = run_collector(coll + ["--rollouts", str(a.warmup), "--concurrency", str(min(a.warmup, 4))], log_dir, "warmup")
             w.pop("rollout_ids", None)

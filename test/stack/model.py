@@ -143,7 +143,7 @@ def main():
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
     client = stacklib.GymClient(truth)
     app = build_app(cfg, truth, client, args.latency_ms / 1000, args.stream_chunks, args.chunk_gap_ms / 1000)
-    stacklib.serve(app, cfg, args)
+    stacklib.serve(app, cfg, args, client)
 
 
 if __name__ == "__main__":

@@ -271,7 +271,7 @@ def main():
     cfg.args = args
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
     client = stacklib.GymClient(truth)
-    stacklib.serve(build_app(cfg, truth, client), cfg, args)
+    stacklib.serve(build_app(cfg, truth, client), cfg, args, client)
 
 
 if __name__ == "__main__":

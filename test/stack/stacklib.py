@@ -156,7 +156,21 @@ def server_arg_parser(kind):
                    help="uvicorn's reset_contextvars: each request in a fresh contextvars.Context() (uvicorn >= 0.45)")
     p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"),
                    help="append ground-truth JSON lines here (default: $GYMTRACE_TEST_TRUTH)")
+    add_gym_telemetry_args(p)
     return p
+
+
+def add_gym_telemetry_args(p):
+    """Gym's own in-process telemetry (gymtel.py); off unless asked for."""
+    p.add_argument("--gym-telemetry", choices=["off", "otlp", "noop", "file"], default="off",
+                   help="set up Gym's own OpenTelemetry in the server (needs the OTel Python SDK): otlp = OTLP "
+                        "http/protobuf to --gym-telemetry-endpoint, noop = exporters that do nothing, file = JSON "
+                        "lines in --gym-telemetry-out DIR (default off: opentelemetry is not imported)")
+    p.add_argument("--gym-span-groups", default="default", metavar="SPEC",
+                   help="Gym's span_groups for --gym-telemetry (default: default)")
+    p.add_argument("--gym-telemetry-endpoint", metavar="URL",
+                   help="OTLP/HTTP base URL for --gym-telemetry otlp (http://HOST:PORT; /v1/traces and /v1/metrics)")
+    p.add_argument("--gym-telemetry-out", metavar="DIR", help="directory for --gym-telemetry file")
 
 
 # --------------------------------------------------------------------------
@@ -353,6 +367,7 @@ class GymClient:
         self.truth = truth
         self.max_retries = max_retries
         self.session = None
+        self.telemetry = None  # gymtel.GymTelemetry with --gym-telemetry: its CLIENT span wraps each call
 
     async def start(self):
         # Gym: unbounded pool, no client timeout, cookies forwarded by hand.
@@ -367,9 +382,13 @@ class GymClient:
             await self.session.close()
             self.session = None
 
-    async def request(self, method, url, *, cause, json_body=None, cookies=None, stream=False, rollout_id=None):
+    async def request(self, method, url, *, cause, json_body=None, cookies=None, stream=False, rollout_id=None,
+                      headers=None):
         """One Gym hop. cause is the truth id of the inbound request whose
         handler makes this call (None for the collector)."""
+        if self.telemetry is not None and headers is None:
+            return await self.telemetry.client_request(self, method, url, cause=cause, json_body=json_body,
+                                                       cookies=cookies, stream=stream, rollout_id=rollout_id)
         attempt = 0
         while True:
             oid = self.truth.new_outbound_id()
@@ -378,6 +397,8 @@ class GymClient:
             _CALL_SOCKET.set(None)
             try:
                 kwargs = {"cookies": cookies or None}
+                if headers:
+                    kwargs["headers"] = headers
                 if json_body is not None:
                     kwargs["json"] = json_body
                 async with self.session.request(method, url, **kwargs) as resp:
@@ -477,8 +498,15 @@ def install_lifecycle(app, cfg, truth, client, args):
         truth.close()
 
 
-def serve(app, cfg, args):
+def serve(app, cfg, args, client=None):
     import uvicorn
+
+    telemetry = None
+    if getattr(args, "gym_telemetry", "off") != "off":
+        import gymtel  # only here: the default stack never imports opentelemetry
+
+        kind = next(k for k, t in SERVER_TYPES.items() if t == cfg.type)
+        telemetry = gymtel.setup(app, cfg, kind, client, args)
 
     extra = {}
     if getattr(args, "reset_contextvars", False):
@@ -490,8 +518,9 @@ def serve(app, cfg, args):
         app, host=cfg.host, port=cfg.port, http=args.http, loop=args.loop,
         timeout_keep_alive=30, log_level="warning", access_log=False, lifespan="on", **extra,
     )
+    tel_note = f", gym telemetry {args.gym_telemetry} groups {args.gym_span_groups!r}" if telemetry else ""
     print(f"{cfg.type} {cfg.name} starting on http://{host_for_url(cfg.host)}:{cfg.port} "
-          f"(pid {os.getpid()}, http={args.http}, loop={args.loop})", file=sys.stderr, flush=True)
+          f"(pid {os.getpid()}, http={args.http}, loop={args.loop}{tel_note})", file=sys.stderr, flush=True)
     uvicorn.Server(config).run()
 
 

@@ -35,9 +35,9 @@ func (rep *Report) analyseWorkload() {
 			continue
 		}
 		base := byRound[baseOf(cfg)]
-		row := WorkloadRow{Config: cfg.Name, Target: throughputTargets[cfg.Name]}
+		row := WorkloadRow{Config: cfg.Name, Target: throughputTargets[cfg.Name], GymTelemetry: cfg.GymTel != ""}
 		var thr, p50, p99, scpu, ebpf, rps, p50ms, p99ms []float64
-		var rollouts, requests, hits, spans, ringBytes, records, tracerCPU, stackBase, failed, hwm, hostRT float64
+		var rollouts, requests, hits, spans, ringBytes, records, tracerCPU, stackBase, failed, hwm, hostRT, dropped float64
 		for r, run := range rounds {
 			b, ok := base[r]
 			if run.Invalid != "" || (ok && b.Invalid != "") {
@@ -49,7 +49,7 @@ func (rep *Report) analyseWorkload() {
 			p99ms = append(p99ms, run.P99Ms)
 			rollouts += float64(run.Rollouts)
 			requests += float64(run.Requests)
-			if ok && cfg.Traced {
+			if ok && cfg.compared() {
 				thr = append(thr, run.RolloutsPerS/b.RolloutsPerS)
 				p50 = append(p50, run.P50Ms/b.P50Ms)
 				p99 = append(p99, run.P99Ms/b.P99Ms)
@@ -71,6 +71,7 @@ func (rep *Report) analyseWorkload() {
 			records += run.Records
 			tracerCPU += run.TracerCPUMs
 			failed += run.RingbufFailed
+			dropped += run.GymSpansDropped
 			hwm = math.Max(hwm, float64(run.TracerHWMB)/1e6)
 		}
 		if row.Rounds == 0 {
@@ -80,11 +81,14 @@ func (rep *Report) analyseWorkload() {
 		row.P50Ms, row.P99Ms = mean(p50ms), mean(p99ms)
 		row.RequestsPerRoll = requests / rollouts
 		row.HitsPerReq = hits / requests
+		if cfg.compared() {
+			row.Throughput, row.P50, row.P99, row.StackCPU = RatioCI(thr), RatioCI(p50), RatioCI(p99), RatioCI(scpu)
+			row.SpansPerRoll = spans / rollouts
+			row.GymSpansDropped = dropped
+		}
 		if cfg.Traced {
 			row.EBPFHostNsPerReq = hostRT / requests
-			row.Throughput, row.P50, row.P99, row.StackCPU = RatioCI(thr), RatioCI(p50), RatioCI(p99), RatioCI(scpu)
 			row.EBPFNsPerReq = MeanCI(ebpf)
-			row.SpansPerRoll = spans / rollouts
 			row.RecordsPerRoll = records / rollouts
 			row.BytesPerRoll = ringBytes / rollouts
 			row.TracerCPUMsRoll = tracerCPU / rollouts

@@ -293,17 +293,20 @@ func TestCounterAndFloor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	hc, err := newHitCounter([]string{"sys_exit_write", "sys_exit_read"}, []int{os.Getpid()})
+	hc, err := newHitCounter([]string{"sys_exit_write", "sys_exit_read"}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hc.Close()
+	if err := hc.Watch(1, []int{os.Getpid()}); err != nil {
+		t.Fatal(err)
+	}
 	null, err := os.OpenFile("/dev/null", os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer null.Close()
-	before, err := hc.Read()
+	before, err := hc.Read(1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,20 +314,24 @@ func TestCounterAndFloor(t *testing.T) {
 		unix.Write(int(null.Fd()), []byte("x"))
 	}
 	time.Sleep(10 * time.Millisecond)
-	after, err := hc.Read()
+	after, err := hc.Read(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := after["sys_exit_write"] - before["sys_exit_write"]; d < 100 || d > 1000 {
 		t.Fatalf("counted %d writes of this process, want about 100", d)
 	}
+	// Another slot's count does not move.
+	if other, _ := hc.Read(0); other["sys_exit_write"] != 0 {
+		t.Fatalf("slot 0 counted %d writes of slot 1's process", other["sys_exit_write"])
+	}
 	// Someone else's writes are not counted.
 	hc.watched.Delete(uint32(os.Getpid()))
-	b2, _ := hc.Read()
+	b2, _ := hc.Read(1)
 	for i := 0; i < 100; i++ {
 		unix.Write(int(null.Fd()), []byte("x"))
 	}
-	a2, _ := hc.Read()
+	a2, _ := hc.Read(1)
 	if a2["sys_exit_write"] != b2["sys_exit_write"] {
 		t.Fatalf("an unwatched process was counted: %d -> %d", b2["sys_exit_write"], a2["sys_exit_write"])
 	}
@@ -376,5 +383,136 @@ func TestBaselineRows(t *testing.T) {
 	}
 	if !slices.Contains(names, "per_rollout") || !slices.Contains(names, "per_rollout"+baselineSuffix) || !slices.Contains(names, "untraced") {
 		t.Errorf("pick(per_rollout) = %v", names)
+	}
+}
+
+// The sid family: gymtrace rows and Gym-telemetry rows on the same runtime,
+// each Gym-telemetry setup on a stack of its own, all against "untraced, sid".
+func TestGymTelemetryRows(t *testing.T) {
+	want := []string{"untraced, sid", "default, sid", "per_rollout, sid",
+		"Gym telemetry default, OTLP, sid", "Gym telemetry default, no-op, sid",
+		"Gym telemetry per_rollout, OTLP, sid", "Gym telemetry per_rollout, no-op, sid"}
+	short := workloadRows(false, "sid", true)
+	var names []string
+	keys := map[string]string{}
+	for _, c := range short {
+		names = append(names, c.Name)
+		if baseOf(c) != "untraced, sid" || c.Runtime != runtimeSid {
+			t.Errorf("%s: runtime %q compared with %q", c.Name, c.Runtime, baseOf(c))
+		}
+		if c.GymTel != "" {
+			if c.Traced || !c.compared() || (c.GymTel != "otlp" && c.GymTel != "noop") {
+				t.Errorf("%s: %+v", c.Name, c)
+			}
+			if other, dup := keys[c.stackKey()]; dup {
+				t.Errorf("%s and %s share a stack", c.Name, other)
+			}
+			keys[c.stackKey()] = c.Name
+			if !strings.Contains(c.Name, c.GymSpec) {
+				t.Errorf("%s runs span groups %q", c.Name, c.GymSpec)
+			}
+		} else if c.stackKey() != runtimeSid {
+			t.Errorf("%s: stack %q", c.Name, c.stackKey())
+		}
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("--short --configs sid = %q, want %q", names, want)
+	}
+	// The asyncio family is for full runs.
+	full := workloadRows(false, "sid", false)
+	if len(full) != 2*len(want) || !slices.ContainsFunc(full, func(c wlConfig) bool { return c.Name == "Gym telemetry per_rollout, no-op, sid asyncio" }) {
+		t.Errorf("full run, --configs sid: %d rows", len(full))
+	}
+	for _, c := range full[len(want):] {
+		if baseOf(c) != "untraced, sid asyncio" || pyRoots[c.Runtime].loop != "asyncio" {
+			t.Errorf("%s: compared with %q on loop %q", c.Name, baseOf(c), pyRoots[c.Runtime].loop)
+		}
+	}
+	// Every short row is in the default --short run, and no Gym-telemetry row has a baseline twin.
+	all := workloadRows(true, "", true)
+	for _, n := range want {
+		if !slices.ContainsFunc(all, func(c wlConfig) bool { return c.Name == n }) {
+			t.Errorf("--short lacks %q", n)
+		}
+	}
+	for _, c := range all {
+		if c.Baseline && c.GymTel != "" {
+			t.Errorf("baseline twin of a Gym-telemetry row: %s", c.Name)
+		}
+	}
+}
+
+func TestSkipReasons(t *testing.T) {
+	t.Setenv("GYMTRACE_SID_ROOT", t.TempDir())
+	rows := workloadRows(false, "sid", true)
+	why := skipReasons(append(rows, wlConfig{Name: "untraced"}), "")
+	for _, c := range rows {
+		if !strings.Contains(why[c.Name], "make-root.sh sid") {
+			t.Errorf("%s: skip reason %q", c.Name, why[c.Name])
+		}
+	}
+	if why["untraced"] != "" {
+		t.Errorf("the host row is skipped: %q", why["untraced"])
+	}
+	// Every selected row skipped: nothing is missing from the table.
+	rep := &Report{Skipped: why, Settings: Settings{Configs: "sid"}, Machine: Machine{Mode: "short"}}
+	if err := rep.complete(map[string]bool{"workload": true}); err != nil {
+		t.Errorf("complete() with every row skipped = %v", err)
+	}
+	notes := skipNotes(why)
+	if len(notes) != 1 || !strings.Contains(notes[0], "Gym telemetry default, OTLP, sid") {
+		t.Errorf("notes = %q", notes)
+	}
+	// The OTLP rows without a sink, on a root that is fine.
+	if msg := skipReasons([]wlConfig{{Name: "x", GymTel: "otlp"}}, ""); !strings.Contains(msg["x"], "OTel SDK") {
+		t.Errorf("Gym telemetry on the host: %q", msg["x"])
+	}
+	if !strings.Contains(pyRoot{suite: "sid", dflt: "/nonexistent", python: "/usr/bin/python3.14"}.gymTelMissing(), "python3-opentelemetry-sdk") {
+		t.Error("the missing-SDK message must name the Debian packages")
+	}
+}
+
+// A Gym-telemetry row gets ratios against its untraced row, its spans and
+// drops, no tracer figures; table 6 sets it beside gymtrace's row.
+func TestAnalyseGymTelemetry(t *testing.T) {
+	rep := &Report{}
+	for r := 0; r < 4; r++ {
+		base := wlRun{Round: r, Rollouts: 100, OK: 100, RolloutsPerS: 50, P50Ms: 80, P99Ms: 120, Requests: 900, StackCPUMs: 1000}
+		u, g, a, b := base, base, base, base
+		u.Config = "untraced, sid"
+		g.Config, g.StackCPUMs, g.TracerCPUMs, g.SpansBuilt = "default, sid", 1050, 20, 4600
+		a.Config, a.StackCPUMs, a.SpansBuilt, a.RolloutsPerS = "Gym telemetry default, OTLP, sid", 1400, 4600, 40
+		b.Config, b.StackCPUMs, b.SpansBuilt, b.GymSpansDropped = "Gym telemetry default, no-op, sid", 1200, 4600, 1
+		rep.Raw.Workload = append(rep.Raw.Workload, u, g, a, b)
+	}
+	rep.analyse()
+	rows := map[string]WorkloadRow{}
+	for _, w := range rep.Workload {
+		rows[w.Config] = w
+	}
+	a := rows["Gym telemetry default, OTLP, sid"]
+	if !a.GymTelemetry || !near(a.StackCPU.Mean, 1.4, 1e-9) || !near(a.Throughput.Mean, 0.8, 1e-9) || !near(a.SpansPerRoll, 46, 1e-9) ||
+		a.TracerCPUPct != 0 || a.EBPFNsPerReq.Valid() || a.Target != 0 {
+		t.Fatalf("OTLP row = %+v", a)
+	}
+	if b := rows["Gym telemetry default, no-op, sid"]; !near(b.StackCPU.Mean, 1.2, 1e-9) || b.GymSpansDropped != 4 {
+		t.Fatalf("no-op row = %+v", b)
+	}
+	if g := rows["default, sid"]; !near(g.TracerCPUPct, 2, 1e-9) || g.Target != 0.98 {
+		t.Fatalf("gymtrace row = %+v", g)
+	}
+	var sb strings.Builder
+	rep.Print(&sb)
+	out := sb.String()
+	for _, want := range []string{"6. gymtrace against Gym's own", "in process", "+40.0 %", "+20.0 %", "+7.0 %", "46.0 / 46.0", "(4 dropped)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printed table lacks %q:\n%s", want, out)
+		}
+	}
+	rep.Skipped = map[string]string{"Gym telemetry per_rollout, OTLP, sid": "x", "Gym telemetry per_rollout, no-op, sid": "x",
+		"per_rollout, sid": "x"}
+	rep.Settings.Configs, rep.Machine.Mode = "sid", "short"
+	if err := rep.complete(map[string]bool{"workload": true}); err == nil || strings.Contains(err.Error(), "sid") {
+		t.Errorf("complete() = %v; want only the per-program rows missing (skipped rows are not)", err)
 	}
 }

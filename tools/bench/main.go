@@ -6,6 +6,8 @@
 //
 //  1. the Gym-shaped test stack untraced and traced with all groups off,
 //     default, per_rollout and all: throughput and /run latency ratios;
+//     on Debian sid's 3.14 also with Gym's own in-process telemetry
+//     (OTLP http/protobuf, or a no-op exporter) instead of gymtrace;
 //  2. per-program eBPF cost from bpf_stats, and eBPF time per request;
 //  3. the syscall tax on a process gymtrace does not target, above the floor
 //     of an empty program on the same tracepoints;
@@ -201,10 +203,11 @@ func run(args []string) int {
 			fmt.Fprintf(os.Stderr, "gtbench: %v\n", err)
 			return 1
 		}
-		rep.Raw.Workload, err = runWorkload(ctx, wlOptions{Root: root, Dir: o.work, Gymtrace: o.gymtrace,
+		rep.Raw.Workload, rep.Skipped, err = runWorkload(ctx, wlOptions{Root: root, Dir: o.work, Gymtrace: o.gymtrace,
 			Rounds: o.rounds, Rollouts: o.rollouts, Concurrency: o.conc, Warmup: o.warmup, Idle: idleWindow(o.short), Log: log,
-			Configs: o.configs, Baseline: o.baseline})
+			Configs: o.configs, Baseline: o.baseline, Short: o.short, Sink: o.sink})
 		stats.Close()
+		rep.Notes = append(rep.Notes, skipNotes(rep.Skipped)...)
 		if err != nil {
 			failures = append(failures, err.Error())
 		}

@@ -126,37 +126,54 @@ func (c *child) waitForLog(ctx context.Context, want string, timeout time.Durati
 // startListening starts a child that prints "listening HOST:PORT" as its
 // first stdout line, and returns that address.
 func startListening(name string, argv []string, logPath string) (*child, string, error) {
-	pr, pw, err := os.Pipe()
+	c, lines, err := startListeningN(name, argv, logPath, 1)
 	if err != nil {
 		return nil, "", err
+	}
+	return c, lines[0], nil
+}
+
+// startListeningN is startListening for a child that prints n lines first
+// (the otlpsink with --http-listen: "listening-http HOST:PORT" second); the
+// first line's address comes back as lines[0], the others whole.
+func startListeningN(name string, argv []string, logPath string, n int) (*child, []string, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
 	}
 	c, err := startChild(name, argv, nil, logPath, pw)
 	pw.Close()
 	if err != nil {
 		pr.Close()
-		return nil, "", err
+		return nil, nil, err
 	}
-	lines := make(chan string, 1)
+	lines := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
-		if sc.Scan() {
-			lines <- sc.Text()
+		var got []string
+		for len(got) < n && sc.Scan() {
+			got = append(got, sc.Text())
 		}
-		close(lines)
+		lines <- got
 		io.Copy(io.Discard, pr)
 		pr.Close()
 	}()
 	select {
-	case l, ok := <-lines:
-		addr, found := strings.CutPrefix(l, "listening ")
-		if !ok || !found {
+	case got := <-lines:
+		if len(got) < n {
 			c.stop(2 * time.Second)
-			return nil, "", fmt.Errorf("%s did not print \"listening HOST:PORT\" (got %q):\n%s", name, l, c.logTail())
+			return nil, nil, fmt.Errorf("%s printed %d of its %d first lines (%q):\n%s", name, len(got), n, got, c.logTail())
 		}
-		return c, addr, nil
+		addr, found := strings.CutPrefix(got[0], "listening ")
+		if !found {
+			c.stop(2 * time.Second)
+			return nil, nil, fmt.Errorf("%s did not print \"listening HOST:PORT\" (got %q):\n%s", name, got[0], c.logTail())
+		}
+		got[0] = addr
+		return c, got, nil
 	case <-time.After(30 * time.Second):
 		c.stop(2 * time.Second)
-		return nil, "", fmt.Errorf("%s printed nothing within 30s:\n%s", name, c.logTail())
+		return nil, nil, fmt.Errorf("%s printed nothing within 30s:\n%s", name, c.logTail())
 	}
 }
 

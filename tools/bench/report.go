@@ -19,7 +19,9 @@ type Report struct {
 	Gate     []GateRow     `json:"gate"`
 	Targets  []TargetRow   `json:"targets"`
 	Notes    []string      `json:"notes,omitempty"`
-	Raw      RawRuns       `json:"raw"`
+	// Skipped: workload rows that could not run here, and why.
+	Skipped map[string]string `json:"skipped_rows,omitempty"`
+	Raw     RawRuns           `json:"raw"`
 }
 
 type Machine struct {
@@ -81,6 +83,10 @@ type WorkloadRow struct {
 	PeakRSSMB        float64  `json:"tracer_peak_rss_mb"`
 	Target           float64  `json:"throughput_target,omitempty"`
 	Verdict          string   `json:"verdict,omitempty"`
+	// GymTelemetry: Gym's own in-process telemetry, not gymtrace (spans
+	// per rollout are its spans; its cost is all in the stack CPU).
+	GymTelemetry    bool    `json:"gym_telemetry,omitempty"`
+	GymSpansDropped float64 `json:"gym_spans_dropped,omitempty"`
 }
 
 // ProgramRow is one BPF program's cost under one configuration, over all
@@ -154,16 +160,17 @@ func (rep *Report) complete(phases map[string]bool) error {
 		for _, w := range rep.Workload {
 			have[w.Config] = w.Rounds > 0 && (strings.HasPrefix(w.Config, "untraced") || w.Throughput.Valid())
 		}
-		gymOK := gymRuntimeMissing() == ""
-		for _, c := range pick(rowConfigs(rep.Settings.Baseline != ""), rep.Settings.Configs) {
-			if c.Runtime == runtimeGym && !gymOK {
-				continue // skipped, with a warning naming what is missing
+		traced := false
+		for _, c := range workloadRows(rep.Settings.Baseline != "", rep.Settings.Configs, rep.Machine.Mode == "short") {
+			if rep.Skipped[c.Name] != "" {
+				continue // skipped, with a note naming what is missing
 			}
+			traced = traced || c.Traced
 			if !have[c.Name] {
 				miss = append(miss, "workload row "+c.Name)
 			}
 		}
-		if len(rep.Programs) == 0 {
+		if len(rep.Programs) == 0 && traced {
 			miss = append(miss, "per-program bpf_stats")
 		}
 		gateRows := slices.ContainsFunc(pick(workloadConfigs, rep.Settings.Configs), func(c wlConfig) bool { return c.NoGate })
@@ -181,4 +188,23 @@ func (rep *Report) complete(phases map[string]bool) error {
 		return fmt.Errorf("%w: missing %s", errIncomplete, strings.Join(miss, ", "))
 	}
 	return nil
+}
+
+// skipNotes are the table's notes for rows that could not run, one per reason.
+func skipNotes(skipped map[string]string) []string {
+	var order []string
+	rows := map[string][]string{}
+	for _, c := range rowConfigs(true) {
+		if w := skipped[c.Name]; w != "" {
+			if rows[w] == nil {
+				order = append(order, w)
+			}
+			rows[w] = append(rows[w], c.Name)
+		}
+	}
+	var out []string
+	for _, w := range order {
+		out = append(out, fmt.Sprintf("skipped rows %q: %s", rows[w], w))
+	}
+	return out
 }

@@ -48,6 +48,16 @@ func (rep *Report) tables() []table {
 				t.rows = append(t.rows, []string{r.Config, fmtF(r.RolloutsPerS, 1), "1", fmtF(r.P50Ms, 1) + " ms", fmtF(r.P99Ms, 1) + " ms", "1", "", "", "", "", "", "", ""})
 				continue
 			}
+			if r.GymTelemetry {
+				// In process: its whole cost is in the stack CPU; no eBPF, no agent.
+				spans := fmtF(r.SpansPerRoll, 1)
+				if r.GymSpansDropped > 0 {
+					spans += fmt.Sprintf(" (%.0f dropped)", r.GymSpansDropped)
+				}
+				t.rows = append(t.rows, []string{r.Config, fmtF(r.RolloutsPerS, 1), fmtIv(r.Throughput, 3), fmtIv(r.P50, 3), fmtIv(r.P99, 3),
+					fmtIv(r.StackCPU, 3), "in process", "-", fmtF(r.HitsPerReq, 1), spans, "-", "", ""})
+				continue
+			}
 			tgt := ""
 			if r.Target > 0 {
 				tgt = fmt.Sprintf(">= %.3f", r.Target)
@@ -59,7 +69,8 @@ func (rep *Report) tables() []table {
 		out = append(out, t)
 	}
 	if len(rep.Programs) > 0 {
-		cfgs := []string{"groups off", "default", "default, injection forced", "per_rollout", "all", "default, Gym runtime", "per_rollout, Gym runtime"}
+		cfgs := []string{"groups off", "default", "default, injection forced", "per_rollout", "all", "default, Gym runtime", "per_rollout, Gym runtime",
+			"default, sid", "per_rollout, sid"}
 		t := table{title: "2. Per-program cost from bpf_stats, per configuration: ns per hit on the traced servers' syscalls / their hits per HTTP request served; " +
 			"host = ns per hit for every other process on the machine (stops at the target check), from an idle window before each run"}
 		hdr := []string{"program", "type"}
@@ -143,6 +154,9 @@ func (rep *Report) tables() []table {
 		}
 		out = append(out, t)
 	}
+	if t, ok := rep.gymTelTable(); ok {
+		out = append(out, t)
+	}
 	if len(rep.Targets) > 0 {
 		t := table{title: "Targets"}
 		t.rows = append(t.rows, []string{"what", "target", "measured", "verdict"})
@@ -196,4 +210,65 @@ func (rep *Report) Markdown(w io.Writer) {
 	for _, n := range rep.Notes {
 		fmt.Fprintf(w, "\nNote: %s\n", n)
 	}
+}
+
+// pctOver turns a ratio interval into percent above 1.
+func pctOver(iv Interval) string {
+	if !iv.Valid() {
+		return "n/a"
+	}
+	p := func(x float64) float64 { return (x - 1) * 100 }
+	if iv.N < 2 {
+		return fmt.Sprintf("%+.1f %%", p(iv.Mean))
+	}
+	return fmt.Sprintf("%+.1f %% [%+.1f, %+.1f]", p(iv.Mean), p(iv.Lo), p(iv.Hi))
+}
+
+// gymTelTable sets gymtrace beside Gym's own telemetry on the runtimes that
+// have both (from the rows of table 1).
+func (rep *Report) gymTelTable() (table, bool) {
+	byName := map[string]WorkloadRow{}
+	for _, r := range rep.Workload {
+		byName[r.Config] = r
+	}
+	t := table{title: "6. gymtrace against Gym's own in-process telemetry, same interpreter and loop: CPU per rollout above untraced, " +
+		"% of the untraced servers' CPU [95% CI]; gymtrace's is in the servers (eBPF, uprobe traps) plus its agent's, Gym's all in the servers " +
+		"(A: OTLP http/protobuf to a sink; B: no-op exporter, the lower bound)"}
+	t.rows = append(t.rows, []string{"runtime", "span groups", "gymtrace: servers", "gymtrace: agent", "gymtrace: total",
+		"Gym telemetry A (OTLP)", "Gym telemetry B (no-op)", "spans/rollout gymtrace / Gym"})
+	for _, fam := range []string{"sid", "sid asyncio"} {
+		for _, spec := range []string{"default", "per_rollout"} {
+			g, okG := byName[spec+", "+fam]
+			a, okA := byName["Gym telemetry "+spec+", OTLP, "+fam]
+			b, okB := byName["Gym telemetry "+spec+", no-op, "+fam]
+			if !okG && !okA && !okB {
+				continue
+			}
+			cell := func(ok bool, r WorkloadRow) string {
+				if !ok {
+					return "-"
+				}
+				return pctOver(r.StackCPU)
+			}
+			agent, total, spans := "-", "-", "-"
+			if okG {
+				agent = fmt.Sprintf("%+.1f %%", g.TracerCPUPct)
+				if g.StackCPU.Valid() {
+					total = fmt.Sprintf("%+.1f %%", (g.StackCPU.Mean-1)*100+g.TracerCPUPct)
+				}
+			}
+			gs, gy := "-", "-"
+			if okG {
+				gs = fmtF(g.SpansPerRoll, 1)
+			}
+			if okA {
+				gy = fmtF(a.SpansPerRoll, 1)
+			} else if okB {
+				gy = fmtF(b.SpansPerRoll, 1)
+			}
+			spans = gs + " / " + gy
+			t.rows = append(t.rows, []string{fam, spec, cell(okG, g), agent, total, cell(okA, a), cell(okB, b), spans})
+		}
+	}
+	return t, len(t.rows) > 1
 }

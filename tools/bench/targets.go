@@ -13,7 +13,8 @@ import (
 const uprobeTrapNs = 1100
 
 var throughputTargets = map[string]float64{"groups off": 0.995, "default": 0.98, "default, injection forced": 0.98, "per_rollout": 0.98, "all": 0.97,
-	"default, Gym runtime": 0.98, "per_rollout, Gym runtime": 0.98}
+	"default, Gym runtime": 0.98, "per_rollout, Gym runtime": 0.98, "default, sid": 0.98, "per_rollout, sid": 0.98,
+	"default, sid asyncio": 0.98, "per_rollout, sid asyncio": 0.98}
 
 // verdict compares an interval with a lower bound (higher is better) or an
 // upper bound: "ok" or "MISS" by the mean, with "?" when the 95 % interval

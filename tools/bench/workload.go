@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,11 +28,31 @@ type wlConfig struct {
 	Traced  bool
 	Spec    string // --span-groups
 	NoGate  bool   // GYMTRACE_BENCH_NO_GATE=1
-	Runtime string // "" the host's 3.11, default loop, h11; runtimeGym
+	Runtime string // "" the host's 3.11, default loop, h11; runtimeGym; runtimeSid, runtimeSidAsyncio
 	Args    []string
 	// Baseline: the row runs the --baseline binary (an older gymtrace),
 	// in the same rounds as the row it twins (rowConfigs).
 	Baseline bool
+	// GymTel: the servers run Gym's own in-process telemetry
+	// (test/stack/gymtel.py) with this exporter, "otlp" (http/protobuf to
+	// the bench's sink) or "noop" (export does nothing), and Gym's span
+	// groups GymSpec. Such a row is not traced by gymtrace; it has a stack
+	// of its own and compares with its runtime's untraced row.
+	GymTel, GymSpec string
+	// FullOnly rows are left out of --short runs.
+	FullOnly bool
+}
+
+// compared: the row has ratios against its untraced row.
+func (c wlConfig) compared() bool { return c.Traced || c.GymTel != "" }
+
+// stackKey names the stack a row runs on: one per runtime, and one per Gym
+// telemetry setup (the servers are started with it).
+func (c wlConfig) stackKey() string {
+	if c.GymTel == "" {
+		return c.Runtime
+	}
+	return c.Runtime + "/gymtel-" + c.GymTel + "-" + c.GymSpec
 }
 
 // baselineSuffix names a row's twin run with the --baseline binary.
@@ -57,12 +78,43 @@ func rowConfigs(baseline bool) []wlConfig {
 	return out
 }
 
-// runtimeGym: Gym's own runtime, CPython 3.13 with uvloop 0.21 and httptools
-// (Debian 13's, the root test/python/make-root.sh makes), on a stack of its
-// own; its rows compare with its own untraced row.
-const runtimeGym = "gym"
+// modeRows drops the full-only rows from a --short run.
+func modeRows(configs []wlConfig, short bool) []wlConfig {
+	if !short {
+		return configs
+	}
+	return slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return c.FullOnly })
+}
 
-var workloadConfigs = []wlConfig{
+// The runtimes with a Debian root of their own (test/python/make-root.sh),
+// each on a stack of its own whose rows compare with its own untraced row.
+const (
+	// runtimeGym: Gym's own runtime, CPython 3.13 with uvloop 0.21 and
+	// httptools (Debian 13's).
+	runtimeGym = "gym"
+	// runtimeSid: Debian sid's CPython 3.14 with uvloop 0.23 and httptools,
+	// the one root that packages the OTel Python SDK: gymtrace and Gym's own
+	// telemetry side by side on the same interpreter and loop.
+	runtimeSid = "sid"
+	// runtimeSidAsyncio: the same root on the default asyncio loop (Gym's
+	// fallback when uvloop is missing), full runs only.
+	runtimeSidAsyncio = "sid-asyncio"
+)
+
+// gymTelRows are the "Gym telemetry" rows of a runtime: both presets the
+// gymtrace rows run, with the OTLP exporter (A) and the no-op one (B).
+func gymTelRows(runtime, suffix string, fullOnly bool) []wlConfig {
+	var out []wlConfig
+	for _, spec := range []string{"default", "per_rollout"} {
+		for _, e := range []struct{ exp, name string }{{"otlp", "OTLP"}, {"noop", "no-op"}} {
+			out = append(out, wlConfig{Name: "Gym telemetry " + spec + ", " + e.name + ", " + suffix, Runtime: runtime,
+				GymTel: e.exp, GymSpec: spec, FullOnly: fullOnly})
+		}
+	}
+	return out
+}
+
+var workloadConfigs = slices.Concat([]wlConfig{
 	{Name: "untraced"},
 	{Name: "groups off", Traced: true, Spec: ""},
 	// Gym's metrics are on by default (every traced row has them, with a
@@ -81,34 +133,110 @@ var workloadConfigs = []wlConfig{
 	{Name: "untraced, Gym runtime", Runtime: runtimeGym},
 	{Name: "default, Gym runtime", Traced: true, Spec: "default", Runtime: runtimeGym},
 	{Name: "per_rollout, Gym runtime", Traced: true, Spec: "per_rollout", Runtime: runtimeGym},
-}
+	// gymtrace against Gym's own in-process telemetry, on sid's 3.14.
+	{Name: "untraced, sid", Runtime: runtimeSid},
+	{Name: "default, sid", Traced: true, Spec: "default", Runtime: runtimeSid},
+	{Name: "per_rollout, sid", Traced: true, Spec: "per_rollout", Runtime: runtimeSid},
+}, gymTelRows(runtimeSid, "sid", false), []wlConfig{
+	{Name: "untraced, sid asyncio", Runtime: runtimeSidAsyncio, FullOnly: true},
+	{Name: "default, sid asyncio", Traced: true, Spec: "default", Runtime: runtimeSidAsyncio, FullOnly: true},
+	{Name: "per_rollout, sid asyncio", Traced: true, Spec: "per_rollout", Runtime: runtimeSidAsyncio, FullOnly: true},
+}, gymTelRows(runtimeSidAsyncio, "sid asyncio", true))
 
 // baseOf is the untraced configuration a configuration is compared with.
 func baseOf(cfg wlConfig) string {
-	if cfg.Runtime == runtimeGym {
+	switch cfg.Runtime {
+	case runtimeGym:
 		return "untraced, Gym runtime"
+	case runtimeSid:
+		return "untraced, sid"
+	case runtimeSidAsyncio:
+		return "untraced, sid asyncio"
 	}
 	return "untraced"
 }
 
-// gymRuntimeRoot is the Debian 13 root with python3.13, uvloop and httptools.
-func gymRuntimeRoot() string {
-	if r := os.Getenv("GYMTRACE_TRIXIE_ROOT"); r != "" {
-		return r
+// pyRoot is a Debian root with a Python and the web stack, run under chroot.
+type pyRoot struct {
+	suite, env, dflt, python string
+	loop, http               string // the stack's --loop and --http there
+}
+
+var pyRoots = map[string]pyRoot{
+	runtimeGym:        {suite: "trixie", env: "GYMTRACE_TRIXIE_ROOT", dflt: "/var/tmp/gymtrace-trixie", python: "/usr/bin/python3.13", loop: "uvloop", http: "httptools"},
+	runtimeSid:        {suite: "sid", env: "GYMTRACE_SID_ROOT", dflt: "/var/tmp/gymtrace-sid", python: "/usr/bin/python3.14", loop: "uvloop", http: "httptools"},
+	runtimeSidAsyncio: {suite: "sid", env: "GYMTRACE_SID_ROOT", dflt: "/var/tmp/gymtrace-sid", python: "/usr/bin/python3.14", loop: "asyncio", http: "httptools"},
+}
+
+func (r pyRoot) dir() string {
+	if d := os.Getenv(r.env); d != "" {
+		return d
 	}
-	return "/var/tmp/gymtrace-trixie"
+	return r.dflt
+}
+
+// missing says why the root cannot run the stack, "" when it can.
+func (r pyRoot) missing() string {
+	root := r.dir()
+	py := filepath.Base(r.python)
+	if _, err := os.Stat(filepath.Join(root, r.python)); err != nil {
+		return fmt.Sprintf("no Debian %s root with %s at %s: run test/python/make-root.sh %s (scripts/setup --tests does)", r.suite, py, root, r.suite)
+	}
+	if out, err := exec.Command("chroot", root, r.python, "-c", "import uvloop, httptools, fastapi, aiohttp, yaml").CombinedOutput(); err != nil {
+		return fmt.Sprintf("the Debian %s root at %s lacks uvloop/httptools/fastapi/aiohttp/yaml: %v %s", r.suite, root, err, tail(string(out), 200))
+	}
+	return ""
+}
+
+// gymTelMissing says why the root cannot run Gym's own telemetry.
+func (r pyRoot) gymTelMissing() string {
+	root := r.dir()
+	if out, err := exec.Command("chroot", root, r.python, "-c",
+		"import opentelemetry.sdk.trace, opentelemetry.sdk.metrics, opentelemetry.exporter.otlp.proto.http.trace_exporter").CombinedOutput(); err != nil {
+		return fmt.Sprintf("the Debian %s root at %s lacks the OTel Python SDK (%s): install the Debian packages "+
+			"python3-opentelemetry-sdk and python3-opentelemetry-exporter-otlp-proto-http into it "+
+			"(rm -rf %s && test/python/make-root.sh %s; scripts/setup --tests builds it with them)",
+			r.suite, root, tail(string(out), 160), root, r.suite)
+	}
+	return ""
 }
 
 // gymRuntimeMissing says why the Gym-runtime rows cannot run, "" when they can.
-func gymRuntimeMissing() string {
-	root := gymRuntimeRoot()
-	if _, err := os.Stat(filepath.Join(root, "usr/bin/python3.13")); err != nil {
-		return fmt.Sprintf("no Debian 13 root with python3.13 at %s: run test/python/make-root.sh trixie (scripts/setup does)", root)
+func gymRuntimeMissing() string { return pyRoots[runtimeGym].missing() }
+
+// skipReasons says, per row, why it cannot run here (rows not named run).
+// sink is the OTLP sink binary the OTLP rows export to, "" none.
+func skipReasons(configs []wlConfig, sink string) map[string]string {
+	memo := map[string]string{}
+	check := func(key string, f func() string) string {
+		if w, ok := memo[key]; ok {
+			return w
+		}
+		memo[key] = f()
+		return memo[key]
 	}
-	if out, err := exec.Command("chroot", root, "/usr/bin/python3.13", "-c", "import uvloop, httptools, fastapi, aiohttp").CombinedOutput(); err != nil {
-		return fmt.Sprintf("the Debian 13 root at %s lacks uvloop/httptools/fastapi/aiohttp: %v %s", root, err, tail(string(out), 200))
+	out := map[string]string{}
+	for _, c := range configs {
+		r, chrooted := pyRoots[c.Runtime]
+		why := ""
+		if chrooted {
+			why = check(r.suite+r.python, r.missing)
+		}
+		if why == "" && c.GymTel != "" {
+			if !chrooted {
+				why = "Gym's own telemetry runs only on a Debian root that packages the OTel SDK"
+			} else {
+				why = check("otel:"+r.suite, r.gymTelMissing)
+			}
+		}
+		if why == "" && c.GymTel == "otlp" && sink == "" {
+			why = "no OTLP sink for the OTLP exporter: pass --otlpsink (scripts/bench builds test/otlpsink)"
+		}
+		if why != "" {
+			out[c.Name] = why
+		}
 	}
-	return ""
+	return out
 }
 
 // progDelta is one program's bpf_stats over a run.
@@ -190,59 +318,68 @@ type wlRun struct {
 	TracerHWMB    uint64      `json:"tracer_peak_rss_bytes,omitempty"`
 	SpansBuilt    float64     `json:"spans_built,omitempty"`
 	RingbufFailed float64     `json:"ringbuf_reserve_failures,omitempty"`
-	Invalid       string      `json:"invalid,omitempty"`
+	// Gym-telemetry rows: spans the batch queue dropped (SpansBuilt are
+	// the spans Gym's telemetry exported).
+	GymSpansDropped float64 `json:"gym_spans_dropped,omitempty"`
+	Invalid         string  `json:"invalid,omitempty"`
 }
 
 // stack is the Gym-shaped test stack, started once and kept warm.
 type stack struct {
 	launcher  *child
-	pids      map[string]int // agent, model, resources
+	pids      map[string]int    // agent, model, resources
+	urls      map[string]string // their base URLs
 	collector []string
 	truth     string
 	truthOff  int64
 	// chroot: the Python root the stack runs in, "" for the host's; its
 	// files are written inside it (inside) and read from here (host).
 	chroot, inside, host string
+	gymTel               bool // the servers run Gym's own telemetry (flush endpoint)
 }
 
 type readyLine struct {
 	Event   string `json:"event"`
 	Error   string `json:"error"`
 	Servers map[string]struct {
-		PID int `json:"pid"`
+		PID int    `json:"pid"`
+		URL string `json:"url"`
 	} `json:"servers"`
 	CollectorArgv []string `json:"collector_argv"`
 }
 
-func startStack(ctx context.Context, root, dir string, warmup int, runtime string) (*stack, error) {
+// startStack starts the stack of runtime; extra goes to launch.py (Gym
+// telemetry options).
+func startStack(ctx context.Context, root, dir string, warmup int, runtime string, extra []string) (*stack, error) {
 	truth := filepath.Join(dir, "truth.jsonl")
-	var extra []string
+	var args []string
 	var chroot, inDir, hostDir string
-	if runtime == runtimeGym {
+	if r, ok := pyRoots[runtime]; ok {
 		// The chrooted servers see the stack and the truth file inside the
 		// root: both go there, and the truth is read back from the host.
-		croot := gymRuntimeRoot()
+		croot := r.dir()
 		host, err := os.MkdirTemp(filepath.Join(croot, "tmp"), "gymtrace-bench-")
 		if err != nil {
 			return nil, err
 		}
 		if out, err := exec.Command("cp", "-r", filepath.Join(root, "test/stack"), filepath.Join(host, "stack")).CombinedOutput(); err != nil {
+			os.RemoveAll(host)
 			return nil, fmt.Errorf("copying test/stack into %s: %v %s", host, err, out)
 		}
 		inside := "/" + strings.TrimPrefix(host, croot+"/")
 		chroot, inDir, hostDir = croot, inside, host
 		truth = filepath.Join(host, "truth.jsonl")
-		extra = []string{"--python", "chroot " + croot + " /usr/bin/python3.13", "--stack-dir", inside + "/stack",
-			"--loop", "uvloop", "--http", "httptools", "--truth", inside + "/truth.jsonl"}
+		args = []string{"--python", "chroot " + croot + " " + r.python, "--stack-dir", inside + "/stack",
+			"--loop", r.loop, "--http", r.http, "--truth", inside + "/truth.jsonl"}
 	} else {
-		extra = []string{"--truth", truth}
+		args = []string{"--truth", truth}
 	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	argv := append([]string{"/usr/bin/python3", filepath.Join(root, "test/stack/launch.py"), "--serve",
-		"--warmup", strconv.Itoa(warmup), "--log-dir", filepath.Join(dir, "stack")}, extra...)
+		"--warmup", strconv.Itoa(warmup), "--log-dir", filepath.Join(dir, "stack")}, append(args, extra...)...)
 	c, err := startChild("test stack", argv, nil, filepath.Join(dir, "launch.log"), pw)
 	pw.Close()
 	if err != nil {
@@ -269,8 +406,8 @@ func startStack(ctx context.Context, root, dir string, warmup int, runtime strin
 		c.stop(5 * time.Second)
 		return nil, fmt.Errorf("the test stack did not start (%q %s):\n%s", strings.TrimSpace(line), rl.Error, c.logTail())
 	}
-	s := &stack{launcher: c, pids: map[string]int{}, collector: rl.CollectorArgv, truth: truth,
-		chroot: chroot, inside: inDir, host: hostDir}
+	s := &stack{launcher: c, pids: map[string]int{}, urls: map[string]string{}, collector: rl.CollectorArgv, truth: truth,
+		chroot: chroot, inside: inDir, host: hostDir, gymTel: slices.Contains(extra, "--gym-telemetry")}
 	for _, role := range []string{"agent", "model", "resources"} {
 		p := rl.Servers[role].PID
 		if p == 0 {
@@ -278,10 +415,53 @@ func startStack(ctx context.Context, root, dir string, warmup int, runtime strin
 			return nil, fmt.Errorf("the test stack's ready line has no %s pid: %s", role, line)
 		}
 		s.pids[role] = p
+		s.urls[role] = rl.Servers[role].URL
 	}
 	time.Sleep(400 * time.Millisecond) // let the warmup's truth records flush
 	s.countRequests()
 	return s, nil
+}
+
+// gymTelCounts is what the Gym-telemetry servers made and exported
+// (test/stack/gymtel.py's flush endpoint), summed over the three.
+type gymTelCounts struct {
+	SpansEnded          float64 `json:"spans_ended"`
+	SpansExported       float64 `json:"spans_exported"`
+	SpansFailed         float64 `json:"spans_failed"`
+	SpansDropped        float64 `json:"spans_dropped"`
+	MetricExportsFailed float64 `json:"metric_exports_failed"`
+	Flushed             bool    `json:"flushed"`
+}
+
+// flushGymTel has every server export what its batch processor holds, and
+// returns the counts once they have.
+func (s *stack) flushGymTel(ctx context.Context) (gymTelCounts, error) {
+	var sum gymTelCounts
+	sum.Flushed = true
+	cl := &http.Client{Timeout: 30 * time.Second}
+	for _, role := range []string{"agent", "model", "resources"} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.urls[role]+"/_gymtel/flush", nil)
+		if err != nil {
+			return sum, err
+		}
+		resp, err := cl.Do(req)
+		if err != nil {
+			return sum, fmt.Errorf("flushing the %s server's Gym telemetry: %w", role, err)
+		}
+		var c gymTelCounts
+		err = json.NewDecoder(resp.Body).Decode(&c)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return sum, fmt.Errorf("flushing the %s server's Gym telemetry: status %d, %v", role, resp.StatusCode, err)
+		}
+		sum.SpansEnded += c.SpansEnded
+		sum.SpansExported += c.SpansExported
+		sum.SpansFailed += c.SpansFailed
+		sum.SpansDropped += c.SpansDropped
+		sum.MetricExportsFailed += c.MetricExportsFailed
+		sum.Flushed = sum.Flushed && c.Flushed
+	}
+	return sum, nil
 }
 
 func (s *stack) pidArg() string {
@@ -398,6 +578,8 @@ type wlOptions struct {
 	Idle                time.Duration // idle window before each traced run
 	Log                 *slog.Logger
 	Configs             string // --configs: a filter on row names; "" all
+	Short               bool   // --short: no full-only rows
+	Sink                string // test/otlpsink binary, for the Gym-telemetry OTLP rows; "" none
 }
 
 // pick keeps the rows a --configs filter names, and their untraced rows.
@@ -417,63 +599,121 @@ func pick(configs []wlConfig, filter string) []wlConfig {
 	return slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return !keep[c.Name] })
 }
 
+// workloadRows are the rows a run measures before skips: the --configs
+// filter applied to the rows of the mode.
+func workloadRows(baseline bool, filter string, short bool) []wlConfig {
+	return pick(modeRows(rowConfigs(baseline), short), filter)
+}
+
 // runWorkload runs every configuration Rounds times, interleaved. Each
-// runtime has its stack, started once and kept warm.
-func runWorkload(ctx context.Context, o wlOptions) ([]wlRun, error) {
+// stack (one per runtime and Gym telemetry setup) is started once and kept
+// warm. skipped names the rows that cannot run here, with why.
+func runWorkload(ctx context.Context, o wlOptions) (runs []wlRun, skipped map[string]string, err error) {
 	type rt struct {
-		st *stack
-		hc *hitCounter
+		st   *stack
+		slot int
 	}
 	rts := map[string]*rt{}
-	configs := pick(rowConfigs(o.Baseline != ""), o.Configs)
-	if why := gymRuntimeMissing(); why != "" {
-		o.Log.Warn("the Gym-runtime rows are skipped", "why", why)
-		configs = slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return c.Runtime == runtimeGym })
+	configs := workloadRows(o.Baseline != "", o.Configs, o.Short)
+	skipped = skipReasons(configs, o.Sink)
+	byWhy := map[string][]string{}
+	var whys []string
+	for _, c := range configs {
+		if w := skipped[c.Name]; w != "" {
+			if byWhy[w] == nil {
+				whys = append(whys, w)
+			}
+			byWhy[w] = append(byWhy[w], c.Name)
+		}
 	}
-	for _, cfg := range configs {
-		if rts[cfg.Runtime] != nil {
+	for _, w := range whys {
+		o.Log.Warn("workload rows skipped", "rows", strings.Join(byWhy[w], "; "), "why", w)
+	}
+	configs = slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return skipped[c.Name] != "" })
+
+	var keys []string
+	extra := map[string][]string{}
+	needSink := false
+	for _, c := range configs {
+		k := c.stackKey()
+		if _, ok := extra[k]; ok {
 			continue
 		}
-		st, err := startStack(ctx, o.Root, workDir(o.Dir, "workload-"+cfg.Runtime), o.Warmup, cfg.Runtime)
+		keys = append(keys, k)
+		extra[k] = nil
+		if c.GymTel != "" {
+			extra[k] = []string{"--gym-telemetry", c.GymTel, "--gym-span-groups", c.GymSpec}
+			needSink = needSink || c.GymTel == "otlp"
+		}
+	}
+	if needSink {
+		// One sink for every OTLP row, counting only (as a collector's
+		// receiver): its CPU is not the stack's, as gymtrace's is not.
+		sink, addrs, err := startListeningN("otlpsink", []string{o.Sink, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--count-only"},
+			filepath.Join(workDir(o.Dir, "workload"), "otlpsink.log"), 2)
 		if err != nil {
-			return nil, err
+			return nil, skipped, fmt.Errorf("starting the OTLP sink for the Gym-telemetry rows: %w", err)
+		}
+		defer sink.stop(5 * time.Second)
+		httpAddr, ok := strings.CutPrefix(addrs[1], "listening-http ")
+		if !ok {
+			return nil, skipped, fmt.Errorf("the OTLP sink printed %q, not \"listening-http HOST:PORT\" (a sink without --http-listen?)", addrs[1])
+		}
+		for k, e := range extra {
+			if slices.Contains(e, "otlp") {
+				extra[k] = append(e, "--gym-telemetry-endpoint", "http://"+httpAddr)
+			}
+		}
+		o.Log.Info("OTLP sink up for the Gym-telemetry rows", "http", httpAddr)
+	}
+	hc, err := newHitCounter(append(append([]string(nil), gymtraceHooks...), injectHooks...), max(len(keys), 1))
+	if err != nil {
+		return nil, skipped, err
+	}
+	defer hc.Close()
+	for i, k := range keys {
+		runtime := k
+		if r, _, found := strings.Cut(k, "/"); found {
+			runtime = r
+		}
+		st, err := startStack(ctx, o.Root, workDir(o.Dir, "workload-"+slug(k)), o.Warmup, runtime, extra[k])
+		if err != nil {
+			return nil, skipped, fmt.Errorf("the %q stack: %w", k, err)
 		}
 		defer st.stop()
-		o.Log.Info("test stack up", "runtime", cfg.Runtime, "pids", st.pidArg())
-		hc, err := newHitCounter(append(append([]string(nil), gymtraceHooks...), injectHooks...), []int{st.pids["agent"], st.pids["model"], st.pids["resources"]})
-		if err != nil {
-			return nil, err
+		o.Log.Info("test stack up", "stack", k, "pids", st.pidArg())
+		if err := hc.Watch(i, []int{st.pids["agent"], st.pids["model"], st.pids["resources"]}); err != nil {
+			return nil, skipped, err
 		}
-		defer hc.Close()
 		// One unrecorded run first: the servers' first collection after
 		// start is slower (lazy imports, first connections), and it must
 		// not land in a measured round.
 		if _, _, err := st.collect(ctx, workDir(o.Dir, "workload"), o.Rollouts, o.Concurrency); err != nil {
-			return nil, fmt.Errorf("settling run: %w", err)
+			return nil, skipped, fmt.Errorf("settling run of the %q stack: %w", k, err)
 		}
-		rts[cfg.Runtime] = &rt{st, hc}
+		rts[k] = &rt{st, i}
 	}
 
-	var runs []wlRun
 	for r := 0; r < o.Rounds; r++ {
 		for _, i := range rotation(len(configs), r) {
 			cfg := configs[i]
 			if ctx.Err() != nil {
-				return runs, ctx.Err()
+				return runs, skipped, ctx.Err()
 			}
-			run, err := runOnce(ctx, o, rts[cfg.Runtime].st, rts[cfg.Runtime].hc, cfg, r)
+			x := rts[cfg.stackKey()]
+			run, err := runOnce(ctx, o, x.st, hc, x.slot, cfg, r)
 			if err != nil {
-				return runs, fmt.Errorf("workload %q, round %d: %w", cfg.Name, r+1, err)
+				return runs, skipped, fmt.Errorf("workload %q, round %d: %w", cfg.Name, r+1, err)
 			}
 			o.Log.Info("workload run", "round", r+1, "config", cfg.Name, "rollouts_per_s", run.RolloutsPerS,
 				"p50_ms", fmt.Sprintf("%.1f", run.P50Ms), "requests", run.Requests, "invalid", run.Invalid)
 			runs = append(runs, run)
 		}
 	}
-	return runs, nil
+	return runs, skipped, nil
 }
 
-func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wlConfig, round int) (wlRun, error) {
+func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, slot int, cfg wlConfig, round int) (wlRun, error) {
 	run := wlRun{Config: cfg.Name, Round: round}
 	dir := workDir(o.Dir, "workload")
 	var gt *gymtrace
@@ -502,17 +742,25 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 		if kIdle, err = snapKernel(gt.pid()); err != nil {
 			return run, err
 		}
-		if hIdle, err = hc.Read(); err != nil {
+		if hIdle, err = hc.Read(slot); err != nil {
 			return run, err
 		}
 		time.Sleep(o.Idle)
+	}
+	var tel0 gymTelCounts
+	if st.gymTel {
+		// Nothing is pending here (the last run ended with a flush): this
+		// only reads the counts.
+		if tel0, err = st.flushGymTel(ctx); err != nil {
+			return run, err
+		}
 	}
 	st.countRequests() // discard anything before this run
 	cpu0, err := st.cpu()
 	if err != nil {
 		return run, err
 	}
-	h0, err := hc.Read()
+	h0, err := hc.Read(slot)
 	if err != nil {
 		return run, err
 	}
@@ -531,6 +779,16 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 	if err != nil {
 		return run, err
 	}
+	var tel1 gymTelCounts
+	if st.gymTel {
+		// Gym's batch processor exports every 512 spans and every 5 s: the
+		// rest of this run's spans are exported now, inside the measured
+		// window, so that every span's export is paid by the run that made
+		// it. (The metric reader keeps its own 10 s period.)
+		if tel1, err = st.flushGymTel(ctx); err != nil {
+			return run, err
+		}
+	}
 	// The servers flush their truth records every 200 ms.
 	time.Sleep(300 * time.Millisecond)
 	cpu1, err := st.cpu()
@@ -538,7 +796,7 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 		return run, err
 	}
 	run.Requests = st.countRequests()
-	h1, err := hc.Read()
+	h1, err := hc.Read(slot)
 	if err != nil {
 		return run, err
 	}
@@ -551,6 +809,17 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, cfg wl
 	run.P99Ms = Percentile(lat, 99) * 1000
 	if sum.OK != sum.Rollouts {
 		run.Invalid = fmt.Sprintf("%d of %d rollouts failed: %v", sum.Rollouts-sum.OK, sum.Rollouts, sum.Errors)
+	}
+	if st.gymTel {
+		run.SpansBuilt = tel1.SpansExported - tel0.SpansExported
+		run.GymSpansDropped = tel1.SpansDropped - tel0.SpansDropped
+		switch {
+		case tel1.SpansFailed > tel0.SpansFailed || tel1.MetricExportsFailed > tel0.MetricExportsFailed:
+			run.Invalid = fmt.Sprintf("Gym telemetry exports failed (%v spans, %v metric exports): the sink did not take them",
+				tel1.SpansFailed-tel0.SpansFailed, tel1.MetricExportsFailed-tel0.MetricExportsFailed)
+		case !tel1.Flushed:
+			run.Invalid = "Gym telemetry's span processor did not flush within 10 s"
+		}
 	}
 	if gt == nil {
 		return run, nil
