@@ -307,9 +307,49 @@ static __always_inline void gt_route_key_from(struct gt_route_key *k, const stru
 	k->_pad = 0;
 }
 
-// Windows of each body buffer that are scanned: the first two and, in a
-// buffer longer than four, the last two. Gym rows can put the _ng_* keys
-// after a whole conversation, so the body's last buffer ends with them.
+// Body scans read a syscall buffer through the per-CPU scratch, one window
+// of GT_SCRATCH (4096) bytes at a time, and this is the one place that says
+// where the windows lie. Window w starts w * GT_WIN_STEP into the buffer, so
+// neighbours overlap by GT_WIN_OVERLAP bytes and a key with its value on a
+// boundary is whole in one of them. A scan of nwin windows, the first nhead
+// of them "head" windows: in a buffer longer than the nwin windows laid end
+// to end (nwin * GT_WIN_STEP + GT_WIN_OVERLAP bytes) the windows from nhead
+// on are aligned to the buffer's end instead, the last one ending with it;
+// in a buffer no longer than that the windows cover it whole.
+#define GT_WIN_OVERLAP 64
+#define GT_WIN_STEP (GT_SCRATCH - GT_WIN_OVERLAP)
+
+static __always_inline __u32 gt_window_off(__u32 len, __u32 w, __u32 nwin, __u32 nhead)
+{
+	if (len > nwin * GT_WIN_STEP + GT_WIN_OVERLAP && w >= nhead)
+		return len - (nwin - w) * GT_WIN_STEP - GT_WIN_OVERLAP; // the buffer's tail
+	return w * GT_WIN_STEP;
+}
+
+// Reads window w of the user buffer [ubuf, ubuf + len) into sc->buf.
+// Returns the bytes read (at most GT_SCRATCH), 0 when the buffer has no
+// window w (it ends before), -1 when the read failed. *off gets the
+// window's offset in the buffer.
+static __always_inline int gt_read_window(struct gt_scratch *sc, __u64 ubuf, __u32 len, __u32 w, __u32 nwin,
+					  __u32 nhead, __u32 *off)
+{
+	__u32 o = gt_window_off(len, w, nwin, nhead);
+	*off = o;
+	if (o >= len)
+		return 0;
+	__u32 n = len - o;
+	if (n > GT_SCRATCH)
+		n = GT_SCRATCH;
+	sc->reuse_id = 0; // buf is overwritten (see struct gt_scratch)
+	if (bpf_probe_read_user(sc->buf, n, (void *)(ubuf + o)))
+		return -1;
+	return n;
+}
+
+// The rollout scan's windows of each /run body buffer: the first two and, in
+// a buffer longer than four (16,192 bytes), the last two. Gym rows can put
+// the _ng_* keys after a whole conversation, so the body's last buffer ends
+// with them.
 #define GT_ROLLOUT_WINDOWS 4
 
 // Parses a JSON integer value at s[at] into *out (map memory). A value that
@@ -345,19 +385,11 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 	int w;
 	gt_for(w, 0, GT_ROLLOUT_WINDOWS)
 	{
-		// Windows overlap by 64 bytes so a key on a boundary is seen whole.
-		__u32 step = GT_SCRATCH - 64;
-		__u32 off = w * step;
-		if (len > GT_ROLLOUT_WINDOWS * step + 64 && w >= GT_ROLLOUT_WINDOWS / 2)
-			off = len - (GT_ROLLOUT_WINDOWS - w) * step - 64; // the buffer's tail
-		if (off >= len)
+		__u32 off;
+		int got = gt_read_window(sc, ubuf, len, w, GT_ROLLOUT_WINDOWS, GT_ROLLOUT_WINDOWS / 2, &off);
+		if (got <= 0)
 			break;
-		__u32 n = len - off;
-		if (n > GT_SCRATCH)
-			n = GT_SCRATCH;
-		sc->reuse_id = 0; // buf is overwritten (see struct gt_scratch)
-		if (bpf_probe_read_user(sc->buf, n, (void *)(ubuf + off)))
-			break;
+		__u32 n = got;
 		int i;
 		gt_for(i, 0, (int)n)
 		{
@@ -406,3 +438,4 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 	}
 	return 0;
 }
+
