@@ -34,6 +34,32 @@ func TestRouteTable(t *testing.T) {
 	}
 }
 
+func TestGateFlags(t *testing.T) {
+	t.Setenv("GYMTRACE_BENCH_NO_GATE", "")
+	cases := []struct {
+		rolloutIDs, reward bool
+		want               uint32
+	}{
+		{false, false, 0},
+		{true, false, loader.CfgRolloutIDs},
+		{false, true, loader.CfgReward},
+		{true, true, loader.CfgRolloutIDs | loader.CfgReward},
+	}
+	for _, c := range cases {
+		if got := gateFlags(c.rolloutIDs, c.reward); got != c.want {
+			t.Errorf("gateFlags(%v, %v) = %#x, want %#x", c.rolloutIDs, c.reward, got, c.want)
+		}
+	}
+	// The defaults read both.
+	cfg, err := (&config.Loader{LookupEnv: func(string) (string, bool) { return "", false }}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := gateFlags(cfg.RolloutIDs, cfg.Reward); got != loader.CfgRolloutIDs|loader.CfgReward {
+		t.Errorf("default gate flags %#x", got)
+	}
+}
+
 func TestSampler(t *testing.T) {
 	if sampler(1) != nil {
 		t.Error("ratio 1 must sample everything without a sampler")
