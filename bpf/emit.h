@@ -54,13 +54,24 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 		return;
 	__u64 t0 = gt_prof_begin();
 	// Only the fixed head: a response has no path, host, traceparent or
-	// rollout, and a third of the bytes is a third of the cache lines.
-	struct http_event *e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
+	// rollout, and a third of the bytes is a third of the cache lines. A
+	// reward (gt_scan_reward, in the step that ended the body, so its text
+	// is still in the scratch) adds its GT_REWARD_MAX bytes.
+	struct gt_scratch *sc = (extra & GT_F_REWARD) ? gt_get_scratch() : 0;
+	if (!sc)
+		extra &= ~GT_F_REWARD;
+	struct http_event *e;
+	if (sc)
+		e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_REWARD, 0);
+	else
+		e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
 		return;
 	}
 	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);
+	if (sc)
+		__builtin_memcpy(e->reward, sc->rw.text, GT_REWARD_MAX);
 	e->kind = GT_EV_RESPONSE;
 	e->side = c->side;
 	e->role = io->role;
@@ -105,9 +116,12 @@ static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, _
 // The message in direction d has ended.
 static __always_inline void gt_finish(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)
 {
-	if (d->is_req)
+	if (d->is_req) {
 		gt_emit_request(c, d, io);
-	else
+	} else {
+		if (d->scan_reward)
+			gt_stat_add((extra & GT_F_REWARD) ? GT_STAT_REWARD_FOUND : GT_STAT_REWARD_MISSED, 1);
 		gt_emit_response(c, d, io, extra);
+	}
 	d->phase = GT_PH_IDLE;
 }

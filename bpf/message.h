@@ -11,6 +11,7 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 	d->chunked = 0;
 	d->upgrade = 0;
 	d->scan_rollout = 0;
+	d->scan_reward = 0;
 	d->remaining = 0;
 	d->body_len = 0;
 	d->start_ns = now;
@@ -24,6 +25,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	__u64 bit = 1ULL << (idx & 63);
 	c->skip_ring &= ~bit;
 	c->emitted_ring &= ~bit;
+	c->reward_ring &= ~bit;
 	if (method == GT_M_HEAD)
 		c->head_ring |= bit;
 	else
@@ -94,6 +96,10 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	}
 	d->scan_rollout = (groups & GT_GROUP_ROLLOUT) && (io->mask & GT_GROUP_ROLLOUT) &&
 			  (io->cfg_flags & GT_CFG_ROLLOUT_IDS);
+	// A /verify this server answers: its response body is scanned for the
+	// reward (groups come from the route table on the server side only).
+	if ((groups & GT_GROUP_VERIFY) && (io->mask & GT_GROUP_VERIFY) && (io->cfg_flags & GT_CFG_REWARD))
+		c->reward_ring |= bit;
 	io->hdr_first = 1;
 	gt_prof_end(GT_PROF_START_REQ, t0);
 	return gt_headers(c, io, ubuf, avail);
@@ -129,6 +135,8 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	}
 	c->resp_status = status;
 	c->resp_flags = 0;
+	// Only a success carries a reward; an error answer is not a miss.
+	d->scan_reward = ((c->reward_ring >> (idx & 63)) & 1) && status >= 200 && status < 300;
 	io->hdr_first = 1;
 	return gt_headers(c, io, ubuf, avail);
 }
@@ -349,15 +357,21 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 		return gt_headers(c, io, ubuf + off, avail);
 	case GT_PH_BODY_CL: {
 		__u64 take = d->remaining < avail ? d->remaining : avail;
+		__u16 extra = 0;
 		if (d->scan_rollout && d->is_req) {
 			__u64 t0 = gt_prof_begin();
 			gt_scan_rollout(&c->req, ubuf + off, take);
 			gt_prof_end(GT_PROF_ROLLOUT, t0);
+		} else if (d->scan_reward && take == d->remaining) {
+			// The buffer that ends the body: the reward is near its end.
+			__u64 t0 = gt_prof_begin();
+			extra = gt_scan_reward(ubuf + off, take);
+			gt_prof_end(GT_PROF_REWARD, t0);
 		}
 		d->remaining -= take;
 		d->body_len += take;
 		if (!d->remaining)
-			gt_finish(c, d, io, 0);
+			gt_finish(c, d, io, extra);
 		return take;
 	}
 	case GT_PH_CHUNKED: {

@@ -37,7 +37,8 @@ struct gt_dir {
 	__u8 chunked;    // Transfer-Encoding: chunked seen
 	__u8 upgrade;    // Upgrade header seen
 	__u8 scan_rollout; // scan this request's body for Gym's rollout keys
-	__u8 _pad[5];
+	__u8 scan_reward;  // scan this response's body for its reward (reward_ring)
+	__u8 _pad[4];
 	__u64 remaining;
 	__u64 body_len;
 	__u64 start_ns;
@@ -60,6 +61,10 @@ struct gt_conn {
 	__u64 skip_ring; // bit (i % 64): request i was gated off
 	__u64 head_ring; // bit (i % 64): request i was HEAD (its response has no body)
 	__u64 emitted_ring; // bit (i % 64): request i was emitted
+	// bit (i % 64): request i is a /verify (verify group, enabled, with
+	// GT_CFG_REWARD) whose response body is scanned for its reward. Kept per
+	// request because a pipelined next request may have replaced req.
+	__u64 reward_ring;
 	struct gt_dir dir[2]; // [0] = bytes read, [1] = bytes written
 	struct gt_tuple tuple;
 	__u64 last_resp_ctx; // asyncio context that started the last response (a spawner candidate)

@@ -11,6 +11,7 @@
 #define GT_HOST_MAX 64
 #define GT_TRACEPARENT_LEN 55 // "00-" 32 hex "-" 16 hex "-" 2 hex
 #define GT_ROLLOUT_ID_MAX 48
+#define GT_REWARD_MAX 24 // the text of a /verify response's reward number (bpf/http.h, gt_scan_reward)
 #define GT_ROUTE_PATH_MAX 60
 #define GT_MAX_ROLES 8
 
@@ -87,6 +88,8 @@ enum gt_event_flag {
 				       // traceparent[16] its sampled bit (bpf/inject.h, gt_inject_root)
 	GT_F_FRESH = 1 << 14,          // (requests) gymtrace saw this connection from its first byte in this
 				       // direction (gt_conn_fresh): both ends' requests on it pair in order
+	GT_F_REWARD = 1 << 15,         // (server responses to /verify) reward[] holds the text of the body's
+				       // top-level "reward" number (bpf/http.h, gt_scan_reward)
 };
 
 // Statistics slots of the per-CPU counter array gt_stats.
@@ -107,6 +110,10 @@ enum gt_stat {
 	GT_STAT_UNSAMPLED = 43,    // inbound requests whose traceparent says not sampled: nothing copied out
 	GT_STAT_SCAN_REUSED = 44,  // request heads parsed from injection's scan at sys_enter, not read again
 	GT_STAT_FRESH = 45,        // connections followed from their first byte (GT_F_FRESH)
+	GT_STAT_REWARD_FOUND = 46, // /verify responses whose reward number the kernel read (GT_F_REWARD)
+	GT_STAT_REWARD_MISSED = 47,// /verify responses meant to be scanned that gave no usable reward:
+				   // not found, ambiguous, malformed, outside the window, or a body the
+				   // scan does not follow (chunked, ended by close, framing lost, none)
 	GT_STAT_MAX = 48,
 };
 
@@ -130,8 +137,9 @@ struct gt_rollout {
 	__u8 id[GT_ROLLOUT_ID_MAX];
 };
 
-// One record per HTTP message. No body byte and no header value other than
-// traceparent and Host is ever written here.
+// One record per HTTP message. No header value other than traceparent and
+// Host is ever written here, and no body byte but the values the kernel
+// scans for: rollout ids (/run requests) and the reward (/verify responses).
 struct http_event {
 	__u8 kind;   // enum gt_event_kind
 	__u8 side;   // enum gt_side
@@ -158,15 +166,21 @@ struct http_event {
 	__u64 cause_conn;
 	__u64 cause_seq;
 	struct gt_tuple tuple;
+	// Responses with GT_F_REWARD: the number's JSON text, NUL-padded (a
+	// number has no NUL); the only body bytes that ever leave the kernel
+	// in a response record.
+	__u8 reward[GT_REWARD_MAX];
 	__u8 path[GT_PATH_MAX]; // request path without the query string
 	__u8 host[GT_HOST_MAX];
 	__u8 traceparent[56];
 	struct gt_rollout rollout;
 };
 
-// Response and close records end here: the fields after tuple are request
-// data. Userspace reads the record's length and zero-fills the rest.
-#define GT_HTTP_EVENT_HEAD __builtin_offsetof(struct http_event, path)
+// Response and close records end here: the fields after tuple are a reward
+// (responses with GT_F_REWARD only, which end at GT_HTTP_EVENT_REWARD) and
+// request data. Userspace reads the record's length and zero-fills the rest.
+#define GT_HTTP_EVENT_HEAD __builtin_offsetof(struct http_event, reward)
+#define GT_HTTP_EVENT_REWARD __builtin_offsetof(struct http_event, path)
 
 enum gt_target_flag {
 	GT_TARGET_CHILD = 1 << 0, // added by the kernel at fork: a child of a target
@@ -194,6 +208,7 @@ struct gt_config {
 enum gt_config_flag {
 	GT_CFG_ROLLOUT_IDS = 1 << 0, // scan /run bodies for rollout ids
 	GT_CFG_NO_GATE = 1 << 1,     // benchmark mode: emit every message, filter in Go
+	GT_CFG_REWARD = 1 << 2,      // read the reward number from /verify response bodies (verify group)
 };
 
 // Route table key: (role, method, path with any /ng-rollout/<id> prefix removed).
@@ -247,6 +262,7 @@ enum gt_prof_section {
 	GT_PROF_START_RESP = 15, // gt_start_response
 	GT_PROF_PEEK = 16,       // gt_peek_start + classify
 	GT_PROF_PY_UVWRITE = 17, // the uvloop write probe
+	GT_PROF_REWARD = 18,     // gt_scan_reward
 	GT_PROF_MAX = 24,
 };
 

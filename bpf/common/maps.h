@@ -94,12 +94,32 @@ struct gt_loops {
 	__u8 line[16];
 };
 
+// gt_scan_reward's walk over a /verify response body (bpf/http.h).
+struct gt_reward_scan {
+	__s32 depth;    // '{' and '[' minus '}' and ']' since the first candidate key
+	__s32 low;      // the live candidate's depth (the level of its object)
+	__u32 vat;      // gt_reward_candidate: offset of the value being looked at
+	__u32 pos;      // offset of the next byte to walk in the window
+	__u8 tracking;  // a candidate key was seen: string state and depth are exact from there
+	__u8 in_str;    // inside a string (only known once tracking)
+	__u8 esc;       // ... right after a backslash
+	__u8 last;      // the last non-whitespace byte walked, 0 before the first
+	__u8 have;      // there is a live candidate: its object has not closed
+	__u8 closed;    // its object closed, with '}', and only whitespace followed
+	__u8 count;     // candidates at the live one's level (more than one: none is taken)
+	__u8 valid;     // the live candidate's value is a JSON number in text[]
+	__u8 state;     // gt_reward_number: JSON number grammar state
+	__u8 _pad[3];
+	__u8 text[GT_REWARD_MAX]; // the number's text, NUL-padded
+};
+
 struct gt_scratch {
 	__u8 buf[GT_SCRATCH + 128]; // slack so fixed-size reads at a masked offset stay inside
 	struct gt_scan scan;
 	__u16 nl[GT_MAX_LINES]; // newline positions found by the word scan
 	struct gt_loops loops;
 	struct gt_route_key route_key;
+	struct gt_reward_scan rw;
 	__u8 peek[32];    // a message start, with bytes kept from the previous syscall
 	__u32 peek_flags; // gt_peek_start: accumulators
 	// The header scan gt_inject_check made at a write's sys_enter, for the

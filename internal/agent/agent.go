@@ -141,7 +141,7 @@ func (t *agent) attach() error {
 	if err := kern.SetRoutes(routeTable()); err != nil {
 		return err
 	}
-	if err := t.applyMask(cfg.Mask, cfg.RolloutIDs); err != nil {
+	if err := t.applyMask(cfg.Mask, cfg.RolloutIDs, cfg.Reward); err != nil {
 		return err
 	}
 	if t.tls, err = newTLSAttacher(kern, cfg.Mask, log); err != nil {
@@ -288,7 +288,7 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 // reload applies a reloaded configuration's span groups live, in the kernel
 // and in the builder (SIGHUP).
 func (t *agent) reload(nc *config.Config) error {
-	if err := t.applyMask(nc.Mask, nc.RolloutIDs); err != nil {
+	if err := t.applyMask(nc.Mask, nc.RolloutIDs, nc.Reward); err != nil {
 		return err
 	}
 	t.spans.Builder().SetMask(nc.Mask)

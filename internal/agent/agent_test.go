@@ -34,6 +34,54 @@ func TestRouteTable(t *testing.T) {
 	}
 }
 
+func TestGateFlags(t *testing.T) {
+	t.Setenv("GYMTRACE_BENCH_NO_GATE", "")
+	cases := []struct {
+		rolloutIDs, reward bool
+		want               uint32
+	}{
+		{false, false, 0},
+		{true, false, loader.CfgRolloutIDs},
+		{false, true, loader.CfgReward},
+		{true, true, loader.CfgRolloutIDs | loader.CfgReward},
+	}
+	for _, c := range cases {
+		if got := gateFlags(c.rolloutIDs, c.reward); got != c.want {
+			t.Errorf("gateFlags(%v, %v) = %#x, want %#x", c.rolloutIDs, c.reward, got, c.want)
+		}
+	}
+	// The defaults read both.
+	cfg, err := (&config.Loader{LookupEnv: func(string) (string, bool) { return "", false }}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := gateFlags(cfg.RolloutIDs, cfg.Reward); got != loader.CfgRolloutIDs|loader.CfgReward {
+		t.Errorf("default gate flags %#x", got)
+	}
+}
+
+// Every named kernel counter reads its own slot.
+func TestKernelCounters(t *testing.T) {
+	st := make([]uint64, loader.StatMax)
+	for i := range st {
+		st[i] = uint64(1000 + i)
+	}
+	got := kernelCounters(st)
+	for name, slot := range map[string]uint32{"fresh_conns": loader.StatFresh, "reward_found": loader.StatRewardFound,
+		"reward_missed": loader.StatRewardMissed, "not_http": loader.StatNotHTTP} {
+		if got[name] != uint64(1000+slot) {
+			t.Errorf("%s = %d, want slot %d", name, got[name], slot)
+		}
+	}
+	seen := map[uint64]string{}
+	for name, v := range got {
+		if other, ok := seen[v]; ok {
+			t.Errorf("%s and %s read the same slot", name, other)
+		}
+		seen[v] = name
+	}
+}
+
 func TestSampler(t *testing.T) {
 	if sampler(1) != nil {
 		t.Error("ratio 1 must sample everything without a sampler")

@@ -10,22 +10,32 @@ import (
 )
 
 // applyMask writes the gate: the mask and, per role, which groups an inbound
-// or outbound message could belong to at all.
-func (t *agent) applyMask(m groups.Mask, rolloutIDs bool) error {
+// or outbound message could belong to at all, with gateFlags.
+func (t *agent) applyMask(m groups.Mask, rolloutIDs, reward bool) error {
 	var sp [8]uint64
 	for r := range sp {
 		sp[r] = uint64(groups.ServerPossible(groups.Role(r)))
 	}
+	return t.kern.SetGate(uint64(m), sp, uint64(groups.ClientPossible()), gateFlags(rolloutIDs, reward))
+}
+
+// gateFlags says which body values the kernel reads: rollout ids from /run
+// requests (--rollout-ids) and the reward from /verify responses (--reward),
+// each only while its group (rollout, verify) is enabled in the mask.
+func gateFlags(rolloutIDs, reward bool) uint32 {
 	var flags uint32
 	if rolloutIDs {
 		flags |= loader.CfgRolloutIDs
+	}
+	if reward {
+		flags |= loader.CfgReward
 	}
 	// Benchmarks only (scripts/bench): copy every message out and let the
 	// builder filter, to measure what the in-kernel gate saves.
 	if os.Getenv("GYMTRACE_BENCH_NO_GATE") == "1" {
 		flags |= loader.CfgNoGate
 	}
-	return t.kern.SetGate(uint64(m), sp, uint64(groups.ClientPossible()), flags)
+	return flags
 }
 
 // routeTable is the kernel's (role, method, path) -> gym.* group table, from

@@ -31,6 +31,7 @@ func (t *agent) startGymMetrics(ctx context.Context, m *metrics.Metrics) error {
 		Prometheus: m != nil,
 		Semconv:    gymmetrics.SemconvFromEnv(os.Getenv("OTEL_SEMCONV_STABILITY_OPT_IN")),
 		Resources:  export.NewResources(""),
+		Reward:     cfg.Reward,
 		Servers:    t.gymServers,
 		Active:     t.gymActive,
 		Log:        t.log.With("component", "gym-metrics"),

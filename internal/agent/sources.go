@@ -36,21 +36,7 @@ func (t *agent) metricSources() metrics.Sources {
 		RingbufReserveFailures: func() uint64 { return t.kernelStats()[loader.StatRingbufFull] },
 		RecordsRead:            func() uint64 { return t.records.Load() },
 		KernelCounters: func() map[string]uint64 {
-			st := t.kernelStats()
-			out := map[string]uint64{
-				"not_http":      st[loader.StatNotHTTP],
-				"parse_error":   st[loader.StatParseError],
-				"hdr_truncated": st[loader.StatHdrTruncated],
-				"conn_full":     st[loader.StatConnFull],
-				"resync":        st[loader.StatResync],
-				"skipped_bytes": st[loader.StatSkippedBytes],
-				"unsampled":     st[loader.StatUnsampled],
-				"scan_reused":   st[loader.StatScanReused], // client request heads not read twice (injection's scan)
-				"fresh_conns":   st[loader.StatFresh],      // connections followed from their first byte: joined by order
-				"tls_calls":     st[loader.StatTLSCalls],   // OpenSSL probe runs in targets
-				"tls_events":    st[loader.StatTLSEvents],  // records from TLS plaintext
-				"tls_linked":    st[loader.StatTLSLinked],  // SSL objects tied to their socket
-			}
+			out := kernelCounters(t.kernelStats())
 			injectCounters(t.inj, out)
 			return out
 		},
@@ -77,6 +63,27 @@ func (t *agent) metricSources() metrics.Sources {
 		},
 		TargetsAttached: t.targetCount,
 		Injection:       t.injState.get,
+	}
+}
+
+// kernelCounters names the kernel's other counters for
+// gymtrace_kernel_events_total{reason}.
+func kernelCounters(st []uint64) map[string]uint64 {
+	return map[string]uint64{
+		"not_http":      st[loader.StatNotHTTP],
+		"parse_error":   st[loader.StatParseError],
+		"hdr_truncated": st[loader.StatHdrTruncated],
+		"conn_full":     st[loader.StatConnFull],
+		"resync":        st[loader.StatResync],
+		"skipped_bytes": st[loader.StatSkippedBytes],
+		"unsampled":     st[loader.StatUnsampled],
+		"scan_reused":   st[loader.StatScanReused],   // client request heads not read twice (injection's scan)
+		"fresh_conns":   st[loader.StatFresh],        // connections followed from their first byte: joined by order
+		"tls_calls":     st[loader.StatTLSCalls],     // OpenSSL probe runs in targets
+		"tls_events":    st[loader.StatTLSEvents],    // records from TLS plaintext
+		"tls_linked":    st[loader.StatTLSLinked],    // SSL objects tied to their socket
+		"reward_found":  st[loader.StatRewardFound],  // /verify responses whose reward the kernel read
+		"reward_missed": st[loader.StatRewardMissed], // ... meant to be scanned, with no usable reward (docs/security.md)
 	}
 }
 

@@ -39,6 +39,7 @@ type Config struct {
 	Inject       bool    // add traceparent to outbound requests that lack one
 	InjectForce  bool    // inject even where the start-up self-test found a kernel misreport (inject.SelfTest)
 	RolloutIDs   bool    // read rollout ids from /run request bodies in the kernel
+	Reward       bool    // read the reward number from /verify response bodies in the kernel (verify group)
 	RingbufBytes int     // BPF ring-buffer size, a power of two
 	LogLevel     string  // debug, info, warn, error
 	ConfigPath   string  // the YAML file read, "" when none
@@ -90,6 +91,7 @@ func defaults() *Config {
 		Inject:       true,
 		GymMetrics:   true,
 		RolloutIDs:   true,
+		Reward:       true,
 		RingbufBytes: DefaultRingbufBytes,
 		LogLevel:     "info",
 		Sources:      map[string]string{},

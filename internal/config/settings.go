@@ -115,6 +115,9 @@ var settings = []Setting{
 	{Flag: "rollout-ids", Default: "true", IsBool: true,
 		Usage: "read _ng_rollout_id and the task/rollout indexes from /run request bodies (only those values leave the kernel)",
 		apply: func(c *Config, v value) error { return setBool(&c.RolloutIDs, v) }},
+	{Flag: "reward", Default: "true", IsBool: true,
+		Usage: "read only the reward number from /verify response bodies, behind the verify span group (read only while it is enabled; only that number leaves the kernel)",
+		apply: func(c *Config, v value) error { return setBool(&c.Reward, v) }},
 	{Flag: "ringbuf-bytes", Default: "8MiB",
 		Usage: "BPF ring-buffer size: a power of two, at least one page (bytes, or with KiB/MiB/GiB)",
 		apply: func(c *Config, v value) error {

@@ -232,7 +232,8 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 		switch {
 		case s.Measures.HasReward:
 			pr.reward.Record(ctx, s.Measures.Reward, noAttrs)
-		case r.cfg.Reward && ok:
+		case r.cfg.Reward && s.Measures.Status/100 == 2:
+			// The kernel scans 2xx answers only: an error carries no reward.
 			r.rewardMissing.Add(1)
 		}
 	case kindServer:

@@ -83,9 +83,9 @@ func serverSpan(p *discover.Process, route string, status int, d time.Duration) 
 
 func verifySpan(reward float64, has bool, failed bool) spans.Span {
 	s := span("gym.verify", trace.SpanKindInternal, "verify", resProc, 20*time.Millisecond)
-	s.Measures = spans.Measures{Reward: reward, HasReward: has}
+	s.Measures = spans.Measures{Reward: reward, HasReward: has, Status: 200}
 	if failed {
-		s.Status = codes.Error
+		s.Status, s.Measures.Status = codes.Error, 500
 	}
 	return s
 }

@@ -215,6 +215,7 @@ func (a *Assembler) response(ev *loader.HTTPEvent, h Handler) {
 		x.RespFlags = ev.Flags
 		x.RespBodyLen = ev.BodyLen
 		x.RespPyCtx, x.RespPyRoot = ev.PyCtx, ev.PyRoot
+		x.Reward, x.HasReward = RewardOf(ev)
 		if ev.Flags&loader.FlagConnError != 0 {
 			x.Err = ErrConnReset
 		}

@@ -205,3 +205,22 @@ func TestClock(t *testing.T) {
 		t.Errorf("fixed clock: %d", got.UnixNano())
 	}
 }
+
+func TestAssemblerCarriesReward(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, "/verify", 10), r)
+	a.Add(reqEv(1, "/verify", 20), r)
+	resp := respEv(1, 200, 30, loader.FlagReward)
+	copy(resp.Reward[:], "0.75")
+	a.Add(resp, r)
+	a.Add(respEv(1, 200, 40, 0), r)
+	if len(r.done) != 2 {
+		t.Fatalf("done %d, want 2", len(r.done))
+	}
+	if x := r.done[0]; !x.HasReward || x.Reward != 0.75 {
+		t.Errorf("first exchange: reward %v (%v), want 0.75", x.Reward, x.HasReward)
+	}
+	if x := r.done[1]; x.HasReward || x.Reward != 0 {
+		t.Errorf("second exchange: reward %v (%v), want none", x.Reward, x.HasReward)
+	}
+}

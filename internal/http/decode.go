@@ -5,7 +5,9 @@ package http
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"net/netip"
+	"strconv"
 	"unsafe"
 
 	"github.com/gymtrace/gymtrace/internal/loader"
@@ -56,11 +58,15 @@ func DecodeInto(ev *loader.HTTPEvent, raw []byte) error {
 		copy(dst, raw[:loader.HTTPEventSize])
 	case len(raw) >= loader.HTTPEventHeadSize && raw[0] != loader.EvRequest:
 		// Responses and closes carry only the fixed head
-		// (GT_HTTP_EVENT_HEAD): the request fields read as empty.
+		// (GT_HTTP_EVENT_HEAD), and a response with a reward the reward
+		// after it (GT_HTTP_EVENT_REWARD): the request fields read as empty.
 		n := copy(dst, raw)
 		clear(dst[n:])
 		ev.PathLen, ev.HostLen = 0, 0
 		ev.Flags &^= loader.FlagHost | loader.FlagTraceparent | loader.FlagRollout
+		if n < loader.HTTPEventRewardSize {
+			ev.Flags &^= loader.FlagReward
+		}
 	default:
 		return decodeErr("record is %d bytes, want at least %d", len(raw), loader.HTTPEventSize)
 	}
@@ -159,6 +165,66 @@ func RolloutOf(ev *loader.HTTPEvent) Rollout {
 		Attempt: r.Attempt,
 		ID:      string(r.Id[:min(int(r.IdLen), rolloutIDMax)]),
 	}
+}
+
+// RewardOf returns the reward the kernel read from a /verify response body
+// (loader.FlagReward): the text of a JSON number, which the kernel checked
+// against JSON's grammar, parsed here. false when the record has none, or
+// its text does not parse to a finite float64.
+func RewardOf(ev *loader.HTTPEvent) (float64, bool) {
+	if ev.Kind != loader.EvResponse || ev.Flags&loader.FlagReward == 0 {
+		return 0, false
+	}
+	txt := ev.Reward[:]
+	if i := bytes.IndexByte(txt, 0); i >= 0 {
+		txt = txt[:i]
+	}
+	if !jsonNumber(txt) {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(txt), 64)
+	if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0, false
+	}
+	return v, true
+}
+
+// jsonNumber reports whether b is a JSON number, as the kernel checks it:
+// ParseFloat alone would also take "Inf", "0x1p-2" or "1_0".
+func jsonNumber(b []byte) bool {
+	i := 0
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
 }
 
 // Encode returns the record bytes of ev, as the kernel would write them: the

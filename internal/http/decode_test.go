@@ -4,6 +4,7 @@ package http
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"testing"
 
@@ -138,6 +139,9 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal("a decoded string exceeds its bound")
 		}
 		_ = RolloutOf(ev).GymID()
+		if v, ok := RewardOf(ev); ok && (math.IsInf(v, 0) || math.IsNaN(v)) {
+			t.Fatalf("RewardOf returned %v", v)
+		}
 		_, _ = Tuple(ev)
 		// Feeding any accepted record to an Assembler must not panic either.
 		NewAssembler(AssemblerOptions{}).Add(ev, nopHandler{})
@@ -172,5 +176,74 @@ func TestDecodeShortResponseRecord(t *testing.T) {
 	}
 	if err := DecodeInto(ev, raw[:loader.HTTPEventHeadSize-1]); err == nil {
 		t.Error("a response record shorter than the head was accepted")
+	}
+}
+
+func rewardEvent(text string) *loader.HTTPEvent {
+	ev := &loader.HTTPEvent{Kind: loader.EvResponse, Side: loader.SideServer, ConnId: 7, Status: 200, Flags: loader.FlagReward}
+	copy(ev.Reward[:], text)
+	return ev
+}
+
+func TestRewardOf(t *testing.T) {
+	cases := []struct {
+		text string
+		want float64
+		ok   bool
+	}{
+		{"0.75", 0.75, true},
+		{"-1.5e-3", -0.0015, true},
+		{"2E+2", 200, true},
+		{"1", 1, true},
+		{"0", 0, true},
+		{"-0.25", -0.25, true},
+		{"-1.2345678901234567e-300", -1.2345678901234567e-300, true}, // all 24 bytes, no NUL
+		// The kernel sends only JSON numbers; anything else is refused, not guessed.
+		{"", 0, false},
+		{"1e999", 0, false}, // out of float64's range
+		{"Inf", 0, false},
+		{"NaN", 0, false},
+		{"0x1p-2", 0, false},
+		{"01", 0, false},
+		{"1.", 0, false},
+		{".5", 0, false},
+		{"+1", 0, false},
+		{"1e", 0, false},
+		{"--1", 0, false},
+	}
+	for _, c := range cases {
+		got, ok := RewardOf(rewardEvent(c.text))
+		if ok != c.ok || got != c.want {
+			t.Errorf("RewardOf(%q) = %v, %v; want %v, %v", c.text, got, ok, c.want, c.ok)
+		}
+	}
+	ev := rewardEvent("0.5")
+	ev.Flags = 0
+	if _, ok := RewardOf(ev); ok {
+		t.Error("a reward without FlagReward was returned")
+	}
+	ev = rewardEvent("0.5")
+	ev.Kind = loader.EvRequest
+	if _, ok := RewardOf(ev); ok {
+		t.Error("a request's reward was returned: only responses carry one")
+	}
+}
+
+// A response with a reward travels as the head and the reward
+// (GT_HTTP_EVENT_REWARD); a head alone has none, whatever its flags say.
+func TestDecodeRewardRecord(t *testing.T) {
+	ev := sampleEvent()
+	raw := Encode(rewardEvent("-1.5e-3"))
+	if err := DecodeInto(ev, raw[:loader.HTTPEventRewardSize]); err != nil {
+		t.Fatalf("reward record rejected: %v", err)
+	}
+	if v, ok := RewardOf(ev); !ok || v != -0.0015 || ev.PathLen != 0 || ev.Rollout.Task != 0 {
+		t.Errorf("reward record decoded as reward %v (%v), path %d, rollout %+v", v, ok, ev.PathLen, ev.Rollout)
+	}
+	if err := DecodeInto(ev, raw[:loader.HTTPEventHeadSize]); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := RewardOf(ev); ok || ev.Flags&loader.FlagReward != 0 || ev.Reward[0] != 0 {
+		t.Errorf("a head-only record kept a reward: flags %#x reward %q", ev.Flags, ev.Reward[:])
 	}
 }

@@ -91,6 +91,13 @@ type Exchange struct {
 
 	Status int // response status code, 0 when no response was seen
 
+	// Reward is the top-level "reward" number of a /verify response body,
+	// read by the kernel (server side, the verify group on, with --reward;
+	// bpf/http.h gt_scan_reward); HasReward says whether there was one.
+	// Nothing else of any body reaches userspace.
+	Reward    float64
+	HasReward bool
+
 	// CLOCK_MONOTONIC nanoseconds: first and last byte of the request and of
 	// the response crossing a syscall. RespStart/RespEnd are the moment of the
 	// close or eviction when there was no response.

@@ -22,6 +22,10 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	resp := *req
 	resp.Kind, resp.Status, resp.Flags = loader.EvResponse, 200, loader.FlagChunked
 	seeds["response"] = Encode(&resp)
+	rw := resp
+	rw.Flags = loader.FlagReward
+	copy(rw.Reward[:], "-1.5e-3")
+	seeds["reward"] = Encode(&rw)[:loader.HTTPEventRewardSize]
 	cl := *req
 	cl.Kind, cl.Flags = loader.EvClose, loader.FlagConnError
 	seeds["close"] = Encode(&cl)

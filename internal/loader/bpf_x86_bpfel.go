@@ -33,6 +33,7 @@ type bpfGtConfigFlag uint32
 const (
 	bpfGtConfigFlagGT_CFG_ROLLOUT_IDS bpfGtConfigFlag = 1
 	bpfGtConfigFlagGT_CFG_NO_GATE     bpfGtConfigFlag = 2
+	bpfGtConfigFlagGT_CFG_REWARD      bpfGtConfigFlag = 4
 )
 
 type bpfGtConn struct {
@@ -48,6 +49,7 @@ type bpfGtConn struct {
 	SkipRing    uint64
 	HeadRing    uint64
 	EmittedRing uint64
+	RewardRing  uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -59,7 +61,8 @@ type bpfGtConn struct {
 		Chunked     uint8
 		Upgrade     uint8
 		ScanRollout uint8
-		Pad         [5]uint8
+		ScanReward  uint8
+		Pad         [4]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -119,6 +122,7 @@ type bpfGtConn struct {
 			Family uint16
 			Pad    uint16
 		}
+		Reward      [24]uint8
 		Path        [128]uint8
 		Host        [64]uint8
 		Traceparent [56]uint8
@@ -158,6 +162,7 @@ const (
 	bpfGtEventFlagGT_F_INJECTED       bpfGtEventFlag = 4096
 	bpfGtEventFlagGT_F_KERNEL_TRACE   bpfGtEventFlag = 8192
 	bpfGtEventFlagGT_F_FRESH          bpfGtEventFlag = 16384
+	bpfGtEventFlagGT_F_REWARD         bpfGtEventFlag = 32768
 )
 
 type bpfGtEventKind uint32
@@ -274,6 +279,7 @@ const (
 	bpfGtProfSectionGT_PROF_START_RESP bpfGtProfSection = 15
 	bpfGtProfSectionGT_PROF_PEEK       bpfGtProfSection = 16
 	bpfGtProfSectionGT_PROF_PY_UVWRITE bpfGtProfSection = 17
+	bpfGtProfSectionGT_PROF_REWARD     bpfGtProfSection = 18
 	bpfGtProfSectionGT_PROF_MAX        bpfGtProfSection = 24
 )
 
@@ -443,10 +449,29 @@ type bpfGtScratch struct {
 		Steps    uint8
 		Line     [16]uint8
 	}
-	RouteKey  bpfGtRouteKey
+	RouteKey bpfGtRouteKey
+	Rw       struct {
+		_        structs.HostLayout
+		Depth    int32
+		Low      int32
+		Vat      uint32
+		Pos      uint32
+		Tracking uint8
+		InStr    uint8
+		Esc      uint8
+		Last     uint8
+		Have     uint8
+		Closed   uint8
+		Count    uint8
+		Valid    uint8
+		State    uint8
+		Pad      [3]uint8
+		Text     [24]uint8
+	}
 	Peek      [32]uint8
 	PeekFlags uint32
 	ReuseN    uint32
+	_         [4]byte
 	ReuseId   uint64
 	ReuseUbuf uint64
 	ReuseGen  uint64
@@ -482,6 +507,8 @@ const (
 	bpfGtStatGT_STAT_UNSAMPLED     bpfGtStat = 43
 	bpfGtStatGT_STAT_SCAN_REUSED   bpfGtStat = 44
 	bpfGtStatGT_STAT_FRESH         bpfGtStat = 45
+	bpfGtStatGT_STAT_REWARD_FOUND  bpfGtStat = 46
+	bpfGtStatGT_STAT_REWARD_MISSED bpfGtStat = 47
 	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
 )
 
@@ -590,6 +617,7 @@ type bpfHttpEvent struct {
 		Family uint16
 		Pad    uint16
 	}
+	Reward      [24]uint8
 	Path        [128]uint8
 	Host        [64]uint8
 	Traceparent [56]uint8

@@ -31,8 +31,12 @@ type RouteKey = bpfGtRouteKey
 const HTTPEventSize = int(unsafe.Sizeof(HTTPEvent{}))
 
 // HTTPEventHeadSize is the length of response and close records: the fields
-// before Path (GT_HTTP_EVENT_HEAD in bpf/common/contract.h).
-const HTTPEventHeadSize = int(unsafe.Offsetof(HTTPEvent{}.Path))
+// before Reward (GT_HTTP_EVENT_HEAD in bpf/common/contract.h).
+const HTTPEventHeadSize = int(unsafe.Offsetof(HTTPEvent{}.Reward))
+
+// HTTPEventRewardSize is the length of a response record with FlagReward:
+// the head and the reward's text (GT_HTTP_EVENT_REWARD).
+const HTTPEventRewardSize = int(unsafe.Offsetof(HTTPEvent{}.Path))
 
 // Event kinds.
 const (
@@ -111,6 +115,9 @@ const (
 	// FlagFresh (requests): the kernel followed the connection from the
 	// first byte in this direction, so both ends' requests pair in order.
 	FlagFresh = uint16(bpfGtEventFlagGT_F_FRESH)
+	// FlagReward (server responses to /verify): Reward holds the text of
+	// the body's top-level "reward" number, NUL-padded.
+	FlagReward = uint16(bpfGtEventFlagGT_F_REWARD)
 )
 
 // Statistics slots in the per-CPU gt_stats array.
@@ -127,10 +134,12 @@ const (
 	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
 	StatUnsampled    = uint32(bpfGtStatGT_STAT_UNSAMPLED)
 	StatScanReused   = uint32(bpfGtStatGT_STAT_SCAN_REUSED)
-	StatFresh        = uint32(bpfGtStatGT_STAT_FRESH)      // connections followed from their first byte
-	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)  // TLS probe runs in targets
-	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS) // records emitted from TLS plaintext
-	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED) // SSL objects linked to their socket
+	StatFresh        = uint32(bpfGtStatGT_STAT_FRESH)         // connections followed from their first byte
+	StatRewardFound  = uint32(bpfGtStatGT_STAT_REWARD_FOUND)  // /verify responses whose reward the kernel read
+	StatRewardMissed = uint32(bpfGtStatGT_STAT_REWARD_MISSED) // ... meant to be scanned, with no usable reward
+	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)     // TLS probe runs in targets
+	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS)    // records emitted from TLS plaintext
+	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED)    // SSL objects linked to their socket
 	StatMax          = uint32(bpfGtStatGT_STAT_MAX)
 )
 
@@ -138,4 +147,5 @@ const (
 const (
 	CfgRolloutIDs = uint32(bpfGtConfigFlagGT_CFG_ROLLOUT_IDS)
 	CfgNoGate     = uint32(bpfGtConfigFlagGT_CFG_NO_GATE)
+	CfgReward     = uint32(bpfGtConfigFlagGT_CFG_REWARD) // read the reward from /verify response bodies
 )

@@ -342,7 +342,7 @@ var profNames = map[uint32]string{
 	uint32(bpfGtProfSectionGT_PROF_INJ_ENTER): "inject_enter", uint32(bpfGtProfSectionGT_PROF_INJ_CHECK): "inject_check",
 	uint32(bpfGtProfSectionGT_PROF_INJ_DECIDE): "inject_decide", uint32(bpfGtProfSectionGT_PROF_PY_COPY): "py_copy", uint32(bpfGtProfSectionGT_PROF_PY_UVWRITE): "py_uvwrite",
 	uint32(bpfGtProfSectionGT_PROF_PROCESS): "process", uint32(bpfGtProfSectionGT_PROF_START_RESP): "start_response",
-	uint32(bpfGtProfSectionGT_PROF_PEEK): "peek",
+	uint32(bpfGtProfSectionGT_PROF_PEEK): "peek", uint32(bpfGtProfSectionGT_PROF_REWARD): "scan_reward",
 }
 
 // ProfTable reads the section timings gathered with GYMTRACE_PROF_TIME=1

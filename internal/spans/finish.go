@@ -166,7 +166,8 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		end = max(x.ReqEnd, x.ReqStart)
 	}
 	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
-	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host}
+	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host, Status: x.Status,
+		Reward: x.Reward, HasReward: x.HasReward}
 	b.emitHeld(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)
 }
 

@@ -39,6 +39,7 @@ type Span struct {
 type Measures struct {
 	ReqBody, RespBody uint64 // body bytes of the request and the response (SERVER and CLIENT spans)
 	Host              string // the request's Host header as sent (SERVER spans)
+	Status            int    // the response's status code, 0 when none was seen
 	// Reward is the reward a /verify response carried, read in the kernel
 	// (gym.verify spans); HasReward is false when it was not found.
 	Reward    float64

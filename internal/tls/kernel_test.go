@@ -85,8 +85,9 @@ func loadKernel(t *testing.T) *kernel {
 			if err != nil {
 				return
 			}
-			// Responses are the record's head alone (GT_HTTP_EVENT_HEAD).
-			if len(rec.RawSample) < int(unsafe.Offsetof(testbpf.Event{}.Path)) {
+			// Responses are the record's head alone (GT_HTTP_EVENT_HEAD: the fields
+			// before Reward), or the head and the reward.
+			if len(rec.RawSample) < int(unsafe.Offsetof(testbpf.Event{}.Reward)) {
 				continue
 			}
 			var e rawEvent

@@ -142,8 +142,9 @@ func (k *kernel) read() {
 			return
 		}
 		var ev testbpf.Event
-		// Responses are the record's head alone (GT_HTTP_EVENT_HEAD).
-		if k.discard.Load() || len(rec.RawSample) < int(unsafe.Offsetof(ev.Path)) {
+		// Responses are the record's head alone (GT_HTTP_EVENT_HEAD: the fields
+		// before Reward), or the head and the reward.
+		if k.discard.Load() || len(rec.RawSample) < int(unsafe.Offsetof(ev.Reward)) {
 			continue
 		}
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(&ev)), unsafe.Sizeof(ev)), rec.RawSample)

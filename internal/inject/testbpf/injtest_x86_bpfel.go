@@ -35,6 +35,7 @@ type injtestGtConn struct {
 	SkipRing    uint64
 	HeadRing    uint64
 	EmittedRing uint64
+	RewardRing  uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -46,7 +47,8 @@ type injtestGtConn struct {
 		Chunked     uint8
 		Upgrade     uint8
 		ScanRollout uint8
-		Pad         [5]uint8
+		ScanReward  uint8
+		Pad         [4]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -106,6 +108,7 @@ type injtestGtConn struct {
 			Family uint16
 			Pad    uint16
 		}
+		Reward      [24]uint8
 		Path        [128]uint8
 		Host        [64]uint8
 		Traceparent [56]uint8
@@ -145,6 +148,7 @@ const (
 	injtestGtEventFlagGT_F_INJECTED       injtestGtEventFlag = 4096
 	injtestGtEventFlagGT_F_KERNEL_TRACE   injtestGtEventFlag = 8192
 	injtestGtEventFlagGT_F_FRESH          injtestGtEventFlag = 16384
+	injtestGtEventFlagGT_F_REWARD         injtestGtEventFlag = 32768
 )
 
 type injtestGtEventKind uint32
@@ -353,10 +357,29 @@ type injtestGtScratch struct {
 		Steps    uint8
 		Line     [16]uint8
 	}
-	RouteKey  injtestGtRouteKey
+	RouteKey injtestGtRouteKey
+	Rw       struct {
+		_        structs.HostLayout
+		Depth    int32
+		Low      int32
+		Vat      uint32
+		Pos      uint32
+		Tracking uint8
+		InStr    uint8
+		Esc      uint8
+		Last     uint8
+		Have     uint8
+		Closed   uint8
+		Count    uint8
+		Valid    uint8
+		State    uint8
+		Pad      [3]uint8
+		Text     [24]uint8
+	}
 	Peek      [32]uint8
 	PeekFlags uint32
 	ReuseN    uint32
+	_         [4]byte
 	ReuseId   uint64
 	ReuseUbuf uint64
 	ReuseGen  uint64
@@ -384,6 +407,8 @@ const (
 	injtestGtStatGT_STAT_UNSAMPLED     injtestGtStat = 43
 	injtestGtStatGT_STAT_SCAN_REUSED   injtestGtStat = 44
 	injtestGtStatGT_STAT_FRESH         injtestGtStat = 45
+	injtestGtStatGT_STAT_REWARD_FOUND  injtestGtStat = 46
+	injtestGtStatGT_STAT_REWARD_MISSED injtestGtStat = 47
 	injtestGtStatGT_STAT_MAX           injtestGtStat = 48
 )
 
@@ -456,6 +481,7 @@ type injtestHttpEvent struct {
 		Family uint16
 		Pad    uint16
 	}
+	Reward      [24]uint8
 	Path        [128]uint8
 	Host        [64]uint8
 	Traceparent [56]uint8

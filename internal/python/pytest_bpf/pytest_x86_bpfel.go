@@ -35,6 +35,7 @@ type pytestGtConn struct {
 	SkipRing    uint64
 	HeadRing    uint64
 	EmittedRing uint64
+	RewardRing  uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -46,7 +47,8 @@ type pytestGtConn struct {
 		Chunked     uint8
 		Upgrade     uint8
 		ScanRollout uint8
-		Pad         [5]uint8
+		ScanReward  uint8
+		Pad         [4]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -106,6 +108,7 @@ type pytestGtConn struct {
 			Family uint16
 			Pad    uint16
 		}
+		Reward      [24]uint8
 		Path        [128]uint8
 		Host        [64]uint8
 		Traceparent [56]uint8
@@ -275,10 +278,29 @@ type pytestGtScratch struct {
 		Steps    uint8
 		Line     [16]uint8
 	}
-	RouteKey  pytestGtRouteKey
+	RouteKey pytestGtRouteKey
+	Rw       struct {
+		_        structs.HostLayout
+		Depth    int32
+		Low      int32
+		Vat      uint32
+		Pos      uint32
+		Tracking uint8
+		InStr    uint8
+		Esc      uint8
+		Last     uint8
+		Have     uint8
+		Closed   uint8
+		Count    uint8
+		Valid    uint8
+		State    uint8
+		Pad      [3]uint8
+		Text     [24]uint8
+	}
 	Peek      [32]uint8
 	PeekFlags uint32
 	ReuseN    uint32
+	_         [4]byte
 	ReuseId   uint64
 	ReuseUbuf uint64
 	ReuseGen  uint64

@@ -35,6 +35,7 @@ type tlstestGtConn struct {
 	SkipRing    uint64
 	HeadRing    uint64
 	EmittedRing uint64
+	RewardRing  uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -46,7 +47,8 @@ type tlstestGtConn struct {
 		Chunked     uint8
 		Upgrade     uint8
 		ScanRollout uint8
-		Pad         [5]uint8
+		ScanReward  uint8
+		Pad         [4]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -106,6 +108,7 @@ type tlstestGtConn struct {
 			Family uint16
 			Pad    uint16
 		}
+		Reward      [24]uint8
 		Path        [128]uint8
 		Host        [64]uint8
 		Traceparent [56]uint8
@@ -145,6 +148,7 @@ const (
 	tlstestGtEventFlagGT_F_INJECTED       tlstestGtEventFlag = 4096
 	tlstestGtEventFlagGT_F_KERNEL_TRACE   tlstestGtEventFlag = 8192
 	tlstestGtEventFlagGT_F_FRESH          tlstestGtEventFlag = 16384
+	tlstestGtEventFlagGT_F_REWARD         tlstestGtEventFlag = 32768
 )
 
 type tlstestGtEventKind uint32
@@ -288,10 +292,29 @@ type tlstestGtScratch struct {
 		Steps    uint8
 		Line     [16]uint8
 	}
-	RouteKey  tlstestGtRouteKey
+	RouteKey tlstestGtRouteKey
+	Rw       struct {
+		_        structs.HostLayout
+		Depth    int32
+		Low      int32
+		Vat      uint32
+		Pos      uint32
+		Tracking uint8
+		InStr    uint8
+		Esc      uint8
+		Last     uint8
+		Have     uint8
+		Closed   uint8
+		Count    uint8
+		Valid    uint8
+		State    uint8
+		Pad      [3]uint8
+		Text     [24]uint8
+	}
 	Peek      [32]uint8
 	PeekFlags uint32
 	ReuseN    uint32
+	_         [4]byte
 	ReuseId   uint64
 	ReuseUbuf uint64
 	ReuseGen  uint64
@@ -319,6 +342,8 @@ const (
 	tlstestGtStatGT_STAT_UNSAMPLED     tlstestGtStat = 43
 	tlstestGtStatGT_STAT_SCAN_REUSED   tlstestGtStat = 44
 	tlstestGtStatGT_STAT_FRESH         tlstestGtStat = 45
+	tlstestGtStatGT_STAT_REWARD_FOUND  tlstestGtStat = 46
+	tlstestGtStatGT_STAT_REWARD_MISSED tlstestGtStat = 47
 	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 48
 )
 
@@ -407,6 +432,7 @@ type tlstestHttpEvent struct {
 		Family uint16
 		Pad    uint16
 	}
+	Reward      [24]uint8
 	Path        [128]uint8
 	Host        [64]uint8
 	Traceparent [56]uint8
