@@ -236,33 +236,27 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 			// The kernel scans 2xx answers only: an error carries no reward.
 			r.rewardMissing.Add(1)
 		}
-	case kindServer:
+	case kindServer, kindClient:
 		e := fromSpan(s)
 		for i, sc := range [2]Semconv{SemconvOld, SemconvNew} {
+			v := d.Seconds()
+			if sc == SemconvOld {
+				v = math.Round(ms(d)) // the instrumentations record whole milliseconds
+			}
+			if k == kindClient {
+				if pr.cliDur[i] != nil {
+					set := r.attrSet(pr, sc.String()+"/client", clientDurationAttrs(&e, sc))
+					pr.cliDur[i].Record(ctx, v, metric.WithAttributeSet(set))
+				}
+				continue
+			}
 			if pr.srvDur[i] == nil {
 				continue
 			}
 			set := metric.WithAttributeSet(r.attrSet(pr, sc.String()+"/server", serverDurationAttrs(&e, sc)))
-			v := d.Seconds()
-			if sc == SemconvOld {
-				v = math.Round(ms(d)) // the instrumentation records whole milliseconds
-			}
 			pr.srvDur[i].Record(ctx, v, set)
 			pr.srvReq[i].Record(ctx, int64(s.Measures.ReqBody), set)
 			pr.srvResp[i].Record(ctx, int64(s.Measures.RespBody), set)
-		}
-	case kindClient:
-		e := fromSpan(s)
-		for i, sc := range [2]Semconv{SemconvOld, SemconvNew} {
-			if pr.cliDur[i] == nil {
-				continue
-			}
-			set := metric.WithAttributeSet(r.attrSet(pr, sc.String()+"/client", clientDurationAttrs(&e, sc)))
-			v := d.Seconds()
-			if sc == SemconvOld {
-				v = math.Round(ms(d))
-			}
-			pr.cliDur[i].Record(ctx, v, set)
 		}
 	}
 }

@@ -90,16 +90,7 @@ func serverDurationAttrs(e *exchange, s Semconv) []attribute.KeyValue {
 		if e.route != "" {
 			a = append(a, attribute.String("http.route", e.route))
 		}
-		if e.status > 0 {
-			a = append(a, attribute.Int("http.response.status_code", e.status))
-		}
-		switch {
-		case e.errType != "":
-			a = append(a, attribute.String("error.type", e.errType))
-		case e.status >= 500:
-			a = append(a, attribute.String("error.type", strconv.Itoa(e.status)))
-		}
-		return a
+		return appendStable(a, e, 500)
 	}
 	a := []attribute.KeyValue{
 		attribute.String("http.method", e.method),
@@ -153,16 +144,7 @@ func clientDurationAttrs(e *exchange, s Semconv) []attribute.KeyValue {
 			attribute.String("server.address", e.addr),
 			attribute.Int("server.port", e.port),
 		}
-		if e.status > 0 {
-			a = append(a, attribute.Int("http.response.status_code", e.status))
-		}
-		switch {
-		case e.errType != "":
-			a = append(a, attribute.String("error.type", e.errType))
-		case e.status >= 400:
-			a = append(a, attribute.String("error.type", strconv.Itoa(e.status)))
-		}
-		return a
+		return appendStable(a, e, 400)
 	}
 	a := []attribute.KeyValue{
 		attribute.String("http.method", e.method),
@@ -172,6 +154,22 @@ func clientDurationAttrs(e *exchange, s Semconv) []attribute.KeyValue {
 	}
 	if e.status > 0 {
 		a = append(a, attribute.Int("http.status_code", e.status))
+	}
+	return a
+}
+
+// appendStable adds the stable conventions' status and error.type: the
+// connection's failure, else the status code from errFrom on (5xx for a
+// server, 4xx too for a client, as the instrumentations set span status).
+func appendStable(a []attribute.KeyValue, e *exchange, errFrom int) []attribute.KeyValue {
+	if e.status > 0 {
+		a = append(a, attribute.Int("http.response.status_code", e.status))
+	}
+	switch {
+	case e.errType != "":
+		a = append(a, attribute.String("error.type", e.errType))
+	case e.status >= errFrom:
+		a = append(a, attribute.String("error.type", strconv.Itoa(e.status)))
 	}
 	return a
 }
