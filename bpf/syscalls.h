@@ -9,6 +9,7 @@
 #pragma once
 
 #include "http.h"
+#include "http_reward.h" // the reward of /verify responses (message.h)
 #include "python.h"
 #include "io.h" // struct gt_io: one traced read or write
 

@@ -11,7 +11,7 @@
 #define GT_HOST_MAX 64
 #define GT_TRACEPARENT_LEN 55 // "00-" 32 hex "-" 16 hex "-" 2 hex
 #define GT_ROLLOUT_ID_MAX 48
-#define GT_REWARD_MAX 24 // the text of a /verify response's reward number (bpf/http.h, gt_scan_reward)
+#define GT_REWARD_MAX 24 // the text of a /verify response's reward number (bpf/http_reward.h, gt_scan_reward)
 #define GT_ROUTE_PATH_MAX 60
 #define GT_MAX_ROLES 8
 
@@ -89,7 +89,7 @@ enum gt_event_flag {
 	GT_F_FRESH = 1 << 14,          // (requests) gymtrace saw this connection from its first byte in this
 				       // direction (gt_conn_fresh): both ends' requests on it pair in order
 	GT_F_REWARD = 1 << 15,         // (server responses to /verify) reward[] holds the text of the body's
-				       // top-level "reward" number (bpf/http.h, gt_scan_reward)
+				       // top-level "reward" number (bpf/http_reward.h, gt_scan_reward)
 };
 
 // Statistics slots of the per-CPU counter array gt_stats.

@@ -94,7 +94,7 @@ struct gt_loops {
 	__u8 line[16];
 };
 
-// gt_scan_reward's walk over a /verify response body (bpf/http.h).
+// gt_scan_reward's walk over a /verify response body (bpf/http_reward.h).
 struct gt_reward_scan {
 	__s32 depth;    // '{' and '[' minus '}' and ']' since the first candidate key
 	__s32 low;      // the live candidate's depth (the level of its object)

@@ -93,7 +93,7 @@ type Exchange struct {
 
 	// Reward is the top-level "reward" number of a /verify response body,
 	// read by the kernel (server side, the verify group on, with --reward;
-	// bpf/http.h gt_scan_reward); HasReward says whether there was one.
+	// bpf/http_reward.h gt_scan_reward); HasReward says whether there was one.
 	// Nothing else of any body reaches userspace.
 	Reward    float64
 	HasReward bool

@@ -12,8 +12,9 @@ import (
 	"time"
 )
 
-// The kernel's body scans (bpf/http.h): rollout ids in /run request bodies,
-// driven through the real programs with sockets in the test process.
+// The kernel's body scans (bpf/http.h, bpf/http_reward.h): rollout ids in
+// /run request bodies, driven through the real programs with sockets in the
+// test process.
 
 const (
 	groupServer  = 1 << 1

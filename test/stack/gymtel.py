@@ -41,6 +41,10 @@ the span processor and answers the counts.
 
 Only imported when a server runs with --gym-telemetry: the default stack
 never imports opentelemetry.
+
+The exporters, their counts and the open-span closer are in gymtel_exporters.py,
+the FastAPI instrumentation's shape (ServerSpans) in gymtel_fastapi.py; both are
+imported only from here.
 """
 
 import asyncio
@@ -48,23 +52,18 @@ import functools
 import json
 import os
 import socket
-import threading
-import urllib.parse
 from timeit import default_timer
 
 try:
-    from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
     from opentelemetry.propagators.composite import CompositePropagator
-    from opentelemetry.propagators.textmap import Getter
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (MetricExporter, MetricExportResult,
-                                                  PeriodicExportingMetricReader)
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace import SpanKind
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as e:  # pragma: no cover - depends on the interpreter
     raise SystemExit(
@@ -72,7 +71,11 @@ except ImportError as e:  # pragma: no cover - depends on the interpreter
         "python3-opentelemetry-sdk and python3-opentelemetry-exporter-otlp-proto-http "
         "(Debian sid has them: test/python/make-root.sh sid)")
 
-from starlette.routing import Match, Route
+# After the check above: these import the SDK (and starlette) too.
+from gymtel_exporters import (CountingMetricExporter, CountingSpanExporter, Counts,
+                              JsonlMetricExporter, JsonlSpanExporter, NoopMetricExporter,
+                              NoopSpanExporter, OpenSpanCloser)
+from gymtel_fastapi import ServerSpans
 
 # --------------------------------------------------------------------------
 # Span groups, as Gym declares them into nemo-lens.
@@ -122,403 +125,6 @@ FLUSH_PATH = "/_gymtel/flush"
 # Batch and reader settings of Gym's setup.
 BSP_QUEUE, BSP_BATCH, BSP_DELAY_MS = 2048, 512, 5000
 METRIC_INTERVAL_MS = 10000
-
-
-# --------------------------------------------------------------------------
-# Exporters.
-
-
-class NoopSpanExporter(SpanExporter):
-    """Export succeeds and does nothing: the spans were made and batched."""
-
-    def export(self, spans):
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        pass
-
-    def force_flush(self, timeout_millis=30000):
-        return True
-
-
-class NoopMetricExporter(MetricExporter):
-    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis=10_000):
-        return True
-
-    def shutdown(self, timeout_millis=30_000, **kwargs):
-        pass
-
-
-def _hex(n, width):
-    return f"{n:0{width}x}" if n else ""
-
-
-class JsonlSpanExporter(SpanExporter):
-    """file mode (self-tests): one JSON object per span, one write per batch."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def export(self, spans):
-        lines = []
-        for s in spans:
-            lines.append(json.dumps({
-                "name": s.name, "kind": s.kind.name, "trace_id": _hex(s.context.trace_id, 32),
-                "span_id": _hex(s.context.span_id, 16), "parent_span_id": _hex(s.parent.span_id, 16) if s.parent else "",
-                "parent_remote": bool(s.parent and s.parent.is_remote),
-                "start": s.start_time, "end": s.end_time, "status": s.status.status_code.name,
-                "attributes": dict(s.attributes or {}), "resource": dict(s.resource.attributes),
-                "scope": s.instrumentation_scope.name if s.instrumentation_scope else "",
-            }, default=str))
-        with open(self.path, "a") as f:
-            f.write("".join(x + "\n" for x in lines))
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        pass
-
-    def force_flush(self, timeout_millis=30000):
-        return True
-
-
-class JsonlMetricExporter(MetricExporter):
-    """file mode (self-tests): one JSON line per metric per export."""
-
-    def __init__(self, path):
-        super().__init__()
-        self.path = path
-        self.exports = 0
-
-    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
-        self.exports += 1
-        lines = []
-        for rm in metrics_data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    points = []
-                    for p in m.data.data_points:
-                        pt = {"attributes": dict(p.attributes or {})}
-                        for k in ("value", "count", "sum"):
-                            if hasattr(p, k):
-                                pt[k] = getattr(p, k)
-                        points.append(pt)
-                    lines.append(json.dumps({"export": self.exports, "name": m.name, "unit": m.unit,
-                                             "type": type(m.data).__name__, "points": points,
-                                             "service": rm.resource.attributes.get("service.name")}, default=str))
-        with open(self.path, "a") as f:
-            f.write("".join(x + "\n" for x in lines))
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis=10_000):
-        return True
-
-    def shutdown(self, timeout_millis=30_000, **kwargs):
-        pass
-
-
-class Counts:
-    """What was made and exported, for the flush endpoint (the bench checks
-    that no export failed and reports the spans per rollout)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.spans_started = 0
-        self.spans_ended = 0
-        self.spans_exported = 0
-        self.spans_failed = 0
-        self.span_exports = 0
-        self.metric_exports = 0
-        self.metric_exports_failed = 0
-
-    def snapshot(self):
-        with self.lock:
-            d = {k: v for k, v in vars(self).items() if k != "lock"}
-        # Ended spans that never reached an exporter: the batch queue was full.
-        d["spans_dropped"] = max(0, d["spans_ended"] - d["spans_exported"] - d["spans_failed"])
-        return d
-
-
-class CountingSpanExporter(SpanExporter):
-    def __init__(self, inner, counts):
-        self.inner = inner
-        self.counts = counts
-
-    def export(self, spans):
-        try:
-            result = self.inner.export(spans)
-        except Exception:
-            result = SpanExportResult.FAILURE
-        with self.counts.lock:
-            self.counts.span_exports += 1
-            if result == SpanExportResult.SUCCESS:
-                self.counts.spans_exported += len(spans)
-            else:
-                self.counts.spans_failed += len(spans)
-        return result
-
-    def shutdown(self):
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis=30000):
-        return self.inner.force_flush(timeout_millis)
-
-
-class CountingMetricExporter(MetricExporter):
-    def __init__(self, inner, counts):
-        super().__init__(preferred_temporality=inner._preferred_temporality,
-                         preferred_aggregation=inner._preferred_aggregation)
-        self.inner = inner
-        self.counts = counts
-
-    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
-        try:
-            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception:
-            result = MetricExportResult.FAILURE
-        with self.counts.lock:
-            self.counts.metric_exports += 1
-            if result != MetricExportResult.SUCCESS:
-                self.counts.metric_exports_failed += 1
-        return result
-
-    def force_flush(self, timeout_millis=10_000):
-        return self.inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis=30_000, **kwargs):
-        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-class OpenSpanCloser(SpanProcessor):
-    """nemo-lens's closer: remembers every open span, and at shutdown ends
-    the ones still open with nemo.span.truncated=true (before the batch
-    processor shuts down, so they are exported)."""
-
-    def __init__(self, counts):
-        self.counts = counts
-        self.lock = threading.Lock()
-        self.open = {}
-
-    def on_start(self, span, parent_context=None):
-        with self.lock:
-            self.open[span.context.span_id] = span
-        self.counts.spans_started += 1
-
-    def on_end(self, span):
-        with self.lock:
-            self.open.pop(span.context.span_id, None)
-        self.counts.spans_ended += 1
-
-    def shutdown(self):
-        with self.lock:
-            left = list(self.open.values())
-            self.open.clear()
-        for span in left:
-            span.set_attribute("nemo.span.truncated", True)
-            span.end()
-
-    def force_flush(self, timeout_millis=30000):
-        return True
-
-
-# --------------------------------------------------------------------------
-# The FastAPI instrumentation's shape.
-
-
-def _decode(b):
-    try:
-        return b.decode("utf-8")
-    except ValueError:
-        return b.decode("unicode_escape")
-
-
-class ScopeHeaders(Getter):
-    """Header lookup in an ASGI scope or message, as the ASGI
-    instrumentation does it (every header decoded on every lookup)."""
-
-    def get(self, carrier, key):
-        headers = carrier.get("headers")
-        if not headers:
-            return None
-        key = key.lower()
-        found = [_decode(v) for k, v in headers if _decode(k).lower() == key]
-        return found or None
-
-    def keys(self, carrier):
-        return [_decode(k) for k, _ in carrier.get("headers") or []]
-
-
-HEADERS = ScopeHeaders()
-KNOWN_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
-
-# Old (default) semantic conventions: which request attributes each metric keeps.
-DURATION_KEYS = ("http.method", "http.host", "http.scheme", "http.status_code", "http.flavor",
-                 "http.server_name", "net.host.name", "net.host.port")
-ACTIVE_KEYS = ("http.method", "http.host", "http.scheme", "http.flavor", "http.server_name")
-
-
-def request_attributes(scope):
-    """The SERVER span's attributes, old conventions (no
-    OTEL_SEMCONV_STABILITY_OPT_IN, as Gym runs)."""
-    server = scope.get("server") or ("0.0.0.0", 80)
-    port = server[1]
-    host_header = HEADERS.get(scope, "host")
-    suffix = ":" + str(port) if str(port) != "80" else ""
-    url_host = host_header[0] if host_header else server[0] + suffix
-    path = scope.get("path", "")
-    url = scope.get("scheme", "http") + "://" + url_host + path
-    query = scope.get("query_string")
-    if query:
-        url += "?" + urllib.parse.unquote(query.decode("utf8") if isinstance(query, bytes) else query)
-    method = scope.get("method", "")
-    attrs = {
-        "http.scheme": scope.get("scheme"),
-        "http.host": server[0] + suffix,
-        "net.host.port": port,
-        "http.flavor": scope.get("http_version"),
-        "http.target": path,
-        "http.url": url,
-        "http.method": method if method in KNOWN_METHODS else "_OTHER",
-    }
-    if host_header:
-        attrs["http.server_name"] = ",".join(host_header)
-    user_agent = HEADERS.get(scope, "user-agent")
-    if user_agent:
-        attrs["http.user_agent"] = user_agent[0]
-    client = scope.get("client")
-    if client is not None:
-        attrs["net.peer.ip"] = client[0]
-        attrs["net.peer.port"] = client[1]
-    return {k: v for k, v in attrs.items() if v is not None}
-
-
-def route_template(scope):
-    """FastAPI instrumentation's _get_route_details: the first route of
-    scope["app"] that matches fully, else the last partial match."""
-    app = scope.get("app")
-    found = None
-    for r in getattr(app, "routes", ()):
-        match, _ = Route.matches(r, scope) if isinstance(r, Route) else r.matches(scope)
-        if match == Match.FULL:
-            found = getattr(r, "path", scope.get("path"))
-            break
-        if match == Match.PARTIAL:
-            found = r.path
-    return found
-
-
-def set_status_code(span, status, metric_attrs=None):
-    if metric_attrs is not None:
-        metric_attrs["http.status_code"] = status
-    if span.is_recording():
-        span.set_attribute("http.status_code", status)
-        if status >= 500:
-            span.set_status(Status(StatusCode.ERROR))
-
-
-class ServerSpans:
-    """OpenTelemetryMiddleware as FastAPIInstrumentor installs it: around the
-    whole middleware stack, ServerErrorMiddleware included."""
-
-    def __init__(self, app, tel):
-        self.app = app
-        self.tracer = tel.tracer_provider.get_tracer("gymtel.fastapi")
-        meter = tel.meter_provider.get_meter("gymtel.fastapi")
-        self.duration = meter.create_histogram("http.server.duration", unit="ms",
-                                               description="Measures the duration of inbound HTTP requests.")
-        self.response_size = meter.create_histogram("http.server.response.size", unit="By",
-                                                    description="measures the size of HTTP response messages (compressed).")
-        self.request_size = meter.create_histogram("http.server.request.size", unit="By",
-                                                   description="Measures the size of HTTP request messages (compressed).")
-        self.active = meter.create_up_down_counter("http.server.active_requests", unit="{request}",
-                                                   description="Number of active HTTP server requests.")
-
-    async def __call__(self, scope, receive, send):
-        start = default_timer()
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        route = route_template(scope)
-        method = scope.get("method", "").strip()
-        if method not in KNOWN_METHODS:
-            method = "HTTP"
-        name = f"{method} {route}" if route else method
-        attrs = request_attributes(scope)
-        if route:
-            attrs["http.route"] = route
-        # The inbound traceparent (and baggage) becomes the parent.
-        ctx = propagate.extract(scope, getter=HEADERS)
-        token = otel_context.attach(ctx)
-        span = self.tracer.start_span(name, context=ctx, kind=SpanKind.SERVER, attributes=attrs)
-        active_attrs = {k: attrs[k] for k in ACTIVE_KEYS if k in attrs}
-        self.active.add(1, active_attrs)
-        response_length = [None]
-        try:
-            with trace.use_span(span, end_on_exit=False) as current:
-                if current.is_recording():
-                    for k, v in attrs.items():
-                        current.set_attribute(k, v)
-                await self.app(scope, self._receive(name, receive), self._send(span, name, send, attrs, response_length))
-        finally:
-            r = scope.get("route")
-            target = getattr(r, "path_format", None)
-            duration_s = default_timer() - start
-            metric_attrs = {k: attrs[k] for k in DURATION_KEYS if k in attrs}
-            if target:
-                metric_attrs["http.target"] = target
-            span_ctx = trace.set_span_in_context(span)
-            self.duration.record(max(round(duration_s * 1000), 0), metric_attrs, context=span_ctx)
-            self.active.add(-1, active_attrs)
-            if response_length[0]:
-                self.response_size.record(response_length[0], metric_attrs, context=span_ctx)
-            request_length = HEADERS.get(scope, "content-length")
-            if request_length:
-                try:
-                    self.request_size.record(int(request_length[0]), metric_attrs, context=span_ctx)
-                except ValueError:
-                    pass
-            otel_context.detach(token)
-            if span.is_recording():
-                span.end()
-
-    def _receive(self, name, receive):
-        span_name = f"{name} http receive"
-        tracer = self.tracer
-
-        async def otel_receive():
-            with tracer.start_as_current_span(span_name) as s:
-                message = await receive()
-                if s.is_recording():
-                    s.set_attribute("asgi.event.type", message["type"])
-            return message
-
-        return otel_receive
-
-    def _send(self, server_span, name, send, attrs, response_length):
-        span_name = f"{name} http send"
-        tracer = self.tracer
-
-        async def otel_send(message):
-            status = message["status"] if message["type"] == "http.response.start" else None
-            with tracer.start_as_current_span(span_name) as s:
-                if s.is_recording():
-                    s.set_attribute("asgi.event.type", message["type"])
-                if status:
-                    set_status_code(s, status)
-            if status:
-                set_status_code(server_span, status, attrs)
-            length = HEADERS.get(message, "content-length")
-            if length:
-                try:
-                    response_length[0] = int(length[0])
-                except ValueError:
-                    pass
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                server_span.end()
-
-        return otel_send
 
 
 class GymRouteSpan:
