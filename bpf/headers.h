@@ -133,10 +133,12 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 		bpf_probe_read_kernel(c->req.traceparent, GT_TRACEPARENT_LEN, &sc->buf[sc->scan.tp_at & GT_SCRATCH_MASK]);
 		c->req.flags |= GT_F_TRACEPARENT;
 		// An inbound request its caller did not sample (flags 00): its
-		// spans would be dropped, so nothing of the exchange is copied out.
+		// spans would be dropped, so nothing of the exchange is copied out
+		// (unless Gym's metrics, which count every request, want it).
 		// Framing is still followed so the connection stays in step.
 		if (c->side == GT_SIDE_SERVER && c->req.traceparent[53] == '0' && c->req.traceparent[54] == '0' &&
-		    c->req.traceparent[2] == '-' && (io->mask & GT_GROUP_SERVER)) {
+		    c->req.traceparent[2] == '-' && (io->mask & GT_GROUP_SERVER) &&
+		    !(io->cfg_flags & GT_CFG_KEEP_UNSAMPLED)) {
 			c->skip_ring |= 1ULL << (c->req.seq & 63);
 			gt_stat_add(GT_STAT_UNSAMPLED, 1);
 		}

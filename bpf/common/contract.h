@@ -209,6 +209,7 @@ enum gt_config_flag {
 	GT_CFG_ROLLOUT_IDS = 1 << 0, // scan /run bodies for rollout ids
 	GT_CFG_NO_GATE = 1 << 1,     // benchmark mode: emit every message, filter in Go
 	GT_CFG_REWARD = 1 << 2,      // read the reward number from /verify response bodies (verify group)
+	GT_CFG_KEEP_UNSAMPLED = 1 << 3, // copy out inbound requests their caller did not sample: Gym's metrics count them
 };
 
 // Route table key: (role, method, path with any /ng-rollout/<id> prefix removed).

@@ -141,7 +141,7 @@ func (t *agent) attach() error {
 	if err := kern.SetRoutes(routeTable()); err != nil {
 		return err
 	}
-	if err := t.applyMask(cfg.Mask, cfg.RolloutIDs, cfg.Reward); err != nil {
+	if err := t.applyMask(cfg); err != nil {
 		return err
 	}
 	if t.tls, err = newTLSAttacher(kern, cfg.Mask, log); err != nil {
@@ -211,11 +211,14 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 	var m *metrics.Metrics
 	if t.metricsLn != nil {
 		m = metrics.New(t.metricSources())
-		srv := m.Serve(t.metricsLn, log)
-		t.undo = append(t.undo, func() { srv.Shutdown(context.Background()) })
 	}
+	// Before the metrics server serves: a scrape reads t.gym.
 	if err := t.startGymMetrics(ctx, m); err != nil {
 		return err
+	}
+	if m != nil {
+		srv := m.Serve(t.metricsLn, log)
+		t.undo = append(t.undo, func() { srv.Shutdown(context.Background()) })
 	}
 
 	// Discovery keeps the kernel's target set current.
@@ -288,10 +291,13 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 // reload applies a reloaded configuration's span groups live, in the kernel
 // and in the builder (SIGHUP).
 func (t *agent) reload(nc *config.Config) error {
-	if err := t.applyMask(nc.Mask, nc.RolloutIDs, nc.Reward); err != nil {
+	if err := t.applyMask(nc); err != nil {
 		return err
 	}
 	t.spans.Builder().SetMask(nc.Mask)
+	if t.gym != nil {
+		t.gym.SetReward(nc.Reward)
+	}
 	t.setInjectWanted(nc.Mask.Has(groups.HTTPClient))
 	t.py.setMask(nc.Mask)
 	t.tls.SetEnabled(tlsWanted(nc.Mask))

@@ -37,17 +37,25 @@ func TestRouteTable(t *testing.T) {
 func TestGateFlags(t *testing.T) {
 	t.Setenv("GYMTRACE_BENCH_NO_GATE", "")
 	cases := []struct {
-		rolloutIDs, reward bool
-		want               uint32
+		rolloutIDs, reward, gym bool
+		exporter, metricsAddr   string
+		want                    uint32
 	}{
-		{false, false, 0},
-		{true, false, loader.CfgRolloutIDs},
-		{false, true, loader.CfgReward},
-		{true, true, loader.CfgRolloutIDs | loader.CfgReward},
+		{false, false, false, "tree", "", 0},
+		{true, false, false, "tree", "", loader.CfgRolloutIDs},
+		{false, true, false, "tree", "", loader.CfgReward},
+		{true, true, false, "tree", "", loader.CfgRolloutIDs | loader.CfgReward},
+		// Gym's metrics count unsampled requests where they are exported.
+		{false, false, true, "tree", "", 0},
+		{false, false, true, "otlp", "", loader.CfgKeepUnsampled},
+		{false, false, true, "tree", ":9464", loader.CfgKeepUnsampled},
+		{false, false, false, "otlp", ":9464", 0},
 	}
 	for _, c := range cases {
-		if got := gateFlags(c.rolloutIDs, c.reward); got != c.want {
-			t.Errorf("gateFlags(%v, %v) = %#x, want %#x", c.rolloutIDs, c.reward, got, c.want)
+		cfg := &config.Config{RolloutIDs: c.rolloutIDs, Reward: c.reward, GymMetrics: c.gym,
+			Exporter: c.exporter, MetricsAddr: c.metricsAddr}
+		if got := gateFlags(cfg); got != c.want {
+			t.Errorf("gateFlags(%+v) = %#x, want %#x", c, got, c.want)
 		}
 	}
 	// The defaults read both.
@@ -55,7 +63,7 @@ func TestGateFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := gateFlags(cfg.RolloutIDs, cfg.Reward); got != loader.CfgRolloutIDs|loader.CfgReward {
+	if got := gateFlags(cfg); got != loader.CfgRolloutIDs|loader.CfgReward {
 		t.Errorf("default gate flags %#x", got)
 	}
 }

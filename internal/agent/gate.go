@@ -5,30 +5,36 @@ package agent
 import (
 	"os"
 
+	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/groups"
 	"github.com/gymtrace/gymtrace/internal/loader"
 )
 
 // applyMask writes the gate: the mask and, per role, which groups an inbound
 // or outbound message could belong to at all, with gateFlags.
-func (t *agent) applyMask(m groups.Mask, rolloutIDs, reward bool) error {
+func (t *agent) applyMask(c *config.Config) error {
 	var sp [8]uint64
 	for r := range sp {
 		sp[r] = uint64(groups.ServerPossible(groups.Role(r)))
 	}
-	return t.kern.SetGate(uint64(m), sp, uint64(groups.ClientPossible()), gateFlags(rolloutIDs, reward))
+	return t.kern.SetGate(uint64(c.Mask), sp, uint64(groups.ClientPossible()), gateFlags(c))
 }
 
 // gateFlags says which body values the kernel reads: rollout ids from /run
 // requests (--rollout-ids) and the reward from /verify responses (--reward),
-// each only while its group (rollout, verify) is enabled in the mask.
-func gateFlags(rolloutIDs, reward bool) uint32 {
+// each only while its group (rollout, verify) is enabled in the mask; and
+// whether requests their caller did not sample are copied out anyway, for
+// Gym's metrics (exported over OTLP or on --metrics-addr).
+func gateFlags(c *config.Config) uint32 {
 	var flags uint32
-	if rolloutIDs {
+	if c.RolloutIDs {
 		flags |= loader.CfgRolloutIDs
 	}
-	if reward {
+	if c.Reward {
 		flags |= loader.CfgReward
+	}
+	if c.GymMetrics && (c.Exporter == config.ExporterOTLP || c.MetricsAddr != "") {
+		flags |= loader.CfgKeepUnsampled
 	}
 	// Benchmarks only (scripts/bench): copy every message out and let the
 	// builder filter, to measure what the in-kernel gate saves.

@@ -75,16 +75,21 @@ func (t *agent) observe(s []spans.Span) []spans.Span {
 // traced now: its children, or their children (through a shell), ... The
 // uvicorn workers of a server are the server, not more servers.
 func (t *agent) gymServers(pid int) int {
+	var servers []*discover.Process
 	t.mu.RLock()
-	defer t.mu.RUnlock()
-	n := 0
 	for _, p := range t.procs {
 		switch p.Role {
 		case loader.RoleAgent, loader.RoleModel, loader.RoleResources:
-		default:
-			continue
+			if !p.Worker {
+				servers = append(servers, p)
+			}
 		}
-		if !p.Worker && discover.Default.DescendsFrom(p, pid) {
+	}
+	t.mu.RUnlock()
+	// /proc is read unlocked: a target being added must not wait for it.
+	n := 0
+	for _, p := range servers {
+		if discover.Default.DescendsFrom(p, pid) {
 			n++
 		}
 	}

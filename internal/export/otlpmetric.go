@@ -18,7 +18,13 @@ func NewOTLPMetrics(ctx context.Context, cfg OTLPConfig) (sdkmetric.Exporter, er
 	if err != nil {
 		return nil, err
 	}
-	opts := []otlpmetricgrpc.Option{otlpmetricgrpc.WithDialOption(reconnect)}
+	opts := []otlpmetricgrpc.Option{
+		otlpmetricgrpc.WithDialOption(reconnect),
+		// The values are cumulative by default, so the next export carries
+		// what a failed one had; the SDK's retry would hold a reader (and
+		// gymtrace's exit) for up to a minute.
+		otlpmetricgrpc.WithRetry(otlpmetricgrpc.RetryConfig{Enabled: false}),
+	}
 	switch {
 	case ep.url != "":
 		opts = append(opts, otlpmetricgrpc.WithEndpointURL(ep.url))

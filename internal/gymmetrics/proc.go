@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,12 +48,25 @@ type proc struct {
 	srvReq, srvResp         [2]metric.Int64Histogram
 	verifyOK, verifyAll     uint64
 
-	series     map[string]map[attribute.Distinct]struct{}
+	series map[string]map[attribute.Distinct]struct{} // under Recorder.mu
+
+	// The SDK runs the callbacks under its own lock while it collects, and
+	// Recorder.mu is held while instruments are made and recorded into: a
+	// callback takes neither, only what follows.
+	amu        sync.Mutex
 	activeSeen map[attribute.Distinct]attribute.Set // every active_requests set observed: reported at 0 when idle
-	orch       bool
-	gone       time.Time // when the process exited; zero while it runs
+	gone       atomic.Int64                         // when the process exited (unix ns); 0 while it runs
 }
 
+func (pr *proc) goneAt() time.Time {
+	if ns := pr.gone.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// newProc makes p's provider and instruments; an orchestrator's gets its
+// gym.servers.active gauge (whether discovery or its traffic said so).
 func newProc(r *Recorder, p discover.Process) *proc {
 	pr := &proc{p: p, series: map[string]map[attribute.Distinct]struct{}{},
 		activeSeen: map[attribute.Distinct]attribute.Set{}}
@@ -115,15 +130,15 @@ func newProc(r *Recorder, p discover.Process) *proc {
 			}, active)
 		}
 	}
+	if p.Role == discover.RoleOrchestrator && r.cfg.Servers != nil {
+		pr.serversGauge(r.cfg.Servers)
+	}
 	return pr
 }
 
-// orchestrator gives pr its gym.servers.active gauge, once.
-func (pr *proc) orchestrator(r *Recorder) {
-	if pr.orch || r.cfg.Servers == nil {
-		return
-	}
-	pr.orch = true
+// serversGauge is an orchestrator's gym.servers.active: the servers it
+// started that run now, 0 once it exited.
+func (pr *proc) serversGauge(servers func(pid int) int) {
 	g, err := pr.m.Int64ObservableGauge(ServersActive, metric.WithUnit("{server}"),
 		metric.WithDescription("Number of Gym servers this orchestrator runs"))
 	if err != nil {
@@ -132,11 +147,8 @@ func (pr *proc) orchestrator(r *Recorder) {
 	pid := pr.p.PID
 	_, _ = pr.m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		n := 0
-		r.mu.Lock()
-		gone := !pr.gone.IsZero()
-		r.mu.Unlock()
-		if !gone {
-			n = r.cfg.Servers(pid)
+		if pr.gone.Load() == 0 {
+			n = servers(pid)
 		}
 		o.ObserveInt64(g, int64(n))
 		return nil
@@ -147,28 +159,22 @@ func (pr *proc) orchestrator(r *Recorder) {
 // for every set seen before, as the instrumentation's up-down counter does.
 func (r *Recorder) observeActive(pr *proc, inst metric.Int64ObservableUpDownCounter, o metric.Observer) {
 	counts := map[attribute.Distinct]int64{}
-	var sets []attribute.Set
-	r.cfg.Active(func(a Active) {
+	pr.amu.Lock()
+	for _, a := range r.activeNow() {
 		if int(a.PID) != pr.p.PID {
-			return
+			continue
 		}
 		set := attribute.NewSet(activeAttrs(&a, r.cfg.Semconv)...)
-		if _, ok := counts[set.Equivalent()]; !ok {
-			sets = append(sets, set)
-		}
-		counts[set.Equivalent()]++
-	})
-	r.mu.Lock()
-	for _, set := range sets {
 		if _, ok := pr.activeSeen[set.Equivalent()]; !ok && len(pr.activeSeen) < r.cfg.MaxSeries {
 			pr.activeSeen[set.Equivalent()] = set
 		}
+		counts[set.Equivalent()]++
 	}
 	seen := make([]attribute.Set, 0, len(pr.activeSeen))
 	for _, set := range pr.activeSeen {
 		seen = append(seen, set)
 	}
-	r.mu.Unlock()
+	pr.amu.Unlock()
 	for _, set := range seen {
 		o.ObserveInt64(inst, counts[set.Equivalent()], metric.WithAttributeSet(set))
 	}
@@ -232,7 +238,7 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 		switch {
 		case s.Measures.HasReward:
 			pr.reward.Record(ctx, s.Measures.Reward, noAttrs)
-		case r.cfg.Reward && s.Measures.Status/100 == 2:
+		case r.reward.Load() && s.Measures.Status/100 == 2:
 			// The kernel scans 2xx answers only: an error carries no reward.
 			r.rewardMissing.Add(1)
 		}
@@ -241,7 +247,7 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 		for i, sc := range [2]Semconv{SemconvOld, SemconvNew} {
 			v := d.Seconds()
 			if sc == SemconvOld {
-				v = math.Round(ms(d)) // the instrumentations record whole milliseconds
+				v = math.RoundToEven(ms(d)) // whole milliseconds, as Python's round()
 			}
 			if k == kindClient {
 				if pr.cliDur[i] != nil {

@@ -97,9 +97,16 @@ type Recorder struct {
 
 	mu    sync.Mutex
 	procs map[procKey]*proc
+	gone  map[int]time.Time // pids that exited, until Linger after: their late spans make no live provider
 	sum   summary
 
+	reward                             atomic.Bool // the kernel reads rewards now (SetReward)
 	capped, rewardMissing, procsCapped atomic.Uint64
+
+	amu       sync.Mutex // the active-requests snapshot, shared by every process's collection
+	active    []Active
+	activeAt  time.Time
+	activeAge time.Duration // how old a snapshot may be
 }
 
 type procKey struct {
@@ -124,7 +131,9 @@ func New(cfg Config) *Recorder {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	r := &Recorder{cfg: cfg, procs: map[procKey]*proc{}}
+	r := &Recorder{cfg: cfg, procs: map[procKey]*proc{}, gone: map[int]time.Time{}}
+	r.reward.Store(cfg.Reward)
+	r.activeAge = 100 * time.Millisecond
 	if cfg.Exporter != nil {
 		r.exp = sharedExporter{cfg.Exporter}
 	}
@@ -161,39 +170,66 @@ func (r *Recorder) Seen(p *discover.Process) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pr := r.procLocked(p); pr != nil {
-		pr.orchestrator(r)
-	}
+	r.procLocked(p)
 }
 
+// SetReward says whether the kernel reads rewards now (a reload can change
+// it): only then is a gym.verify span without one counted as missing.
+func (r *Recorder) SetReward(on bool) { r.reward.Store(on) }
+
 // Gone tells the Recorder that pid exited: its gauges read 0 from now, and
-// its metrics go after Linger (Tick).
+// its metrics go after Linger (Tick). Spans of it that come later (released
+// by the builder when it forgets the process) are measured into a provider
+// that goes at the same time.
 func (r *Recorder) Gone(pid int) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.gone[pid] = now
 	for k, pr := range r.procs {
-		if k.pid == pid && pr.gone.IsZero() {
-			pr.gone = now
+		if k.pid == pid {
+			pr.gone.CompareAndSwap(0, now.UnixNano())
 		}
 	}
 }
 
 // Tick drops the metrics of processes that exited more than Linger ago,
-// after a last export. Call it every few seconds.
+// after a last export, without waiting for it. Call it every few seconds.
 func (r *Recorder) Tick(now time.Time) {
 	var done []*proc
 	r.mu.Lock()
 	for k, pr := range r.procs {
-		if !pr.gone.IsZero() && now.Sub(pr.gone) >= r.cfg.Linger {
+		if g := pr.goneAt(); !g.IsZero() && now.Sub(g) >= r.cfg.Linger {
 			delete(r.procs, k)
 			done = append(done, pr)
 		}
 	}
+	for pid, at := range r.gone {
+		if now.Sub(at) >= r.cfg.Linger {
+			delete(r.gone, pid)
+		}
+	}
 	r.mu.Unlock()
 	for _, pr := range done {
-		pr.close(context.Background(), r.cfg.Log)
+		go pr.close(context.Background(), r.cfg.Log)
 	}
+}
+
+// activeNow is the inbound requests in flight, read from the builder at
+// most every 100 ms: every process's provider collects at about the same
+// moment. The slice is never written after it is returned.
+func (r *Recorder) activeNow() []Active {
+	r.amu.Lock()
+	defer r.amu.Unlock()
+	if r.cfg.Active == nil {
+		return nil
+	}
+	if time.Since(r.activeAt) >= r.activeAge {
+		var now []Active
+		r.cfg.Active(func(a Active) { now = append(now, a) })
+		r.active, r.activeAt = now, time.Now()
+	}
+	return r.active
 }
 
 // Gather serves the Prometheus registries of every process with metrics.
@@ -276,6 +312,9 @@ func (r *Recorder) procLocked(p *discover.Process) *proc {
 		return nil
 	}
 	pr := newProc(r, id)
+	if at, ok := r.gone[id.PID]; ok {
+		pr.gone.Store(at.UnixNano())
+	}
 	r.procs[k] = pr
 	return pr
 }

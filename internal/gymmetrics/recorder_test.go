@@ -331,6 +331,7 @@ func TestActiveRequests(t *testing.T) {
 			yield(Active{PID: uint32(resProc.PID), Method: "POST", Scheme: "http", Addr: "127.0.0.1", Port: 8001})
 		}
 	}})
+	r.activeAge = 0 // every collection reads the builder
 	r.Observe([]spans.Span{serverSpan(resProc, "/verify", 200, time.Millisecond)})
 	value := func() int64 {
 		m := flush(t, r, exp)["nemo-gym/simple_weather"][ServerActive]
@@ -387,4 +388,61 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// Scrapes, periodic exports, spans and discovery all at once: no deadlock
+// (the SDK collects under its own lock and runs the callbacks there) and no
+// race (go test -race).
+func TestConcurrentUse(t *testing.T) {
+	r, exp := newTest(t, Config{Reward: true, Servers: func(int) int { return 2 },
+		Active: func(yield func(Active)) { yield(Active{PID: uint32(resProc.PID), Method: "POST", Scheme: "http"}) }})
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+					r.Gather()
+					r.ForceFlush(context.Background())
+				}
+			}
+		}()
+	}
+	for i := range 300 {
+		o := *orchProc
+		o.PID = 1000 + i%7
+		r.Seen(&o)
+		r.Observe([]spans.Span{serverSpan(resProc, "/verify", 200, time.Millisecond), verifySpan(1, true, false),
+			span("HTTP POST", trace.SpanKindClient, "http_client", &o, time.Millisecond)})
+		if i%50 == 49 {
+			r.Gone(o.PID)
+			r.Tick(time.Now().Add(time.Hour))
+		}
+	}
+	close(done)
+	wg.Wait()
+	if got := flush(t, r, exp)["nemo-gym/simple_weather"]; hist(t, got[VerifyDuration]).Count != 300 {
+		t.Errorf("verify count %d, want 300", hist(t, got[VerifyDuration]).Count)
+	}
+}
+
+// A process's spans that come after it exited (the builder releases held
+// spans when it forgets a process) go into a provider that is dropped with
+// it, not one that lives on.
+func TestLateSpansAfterGone(t *testing.T) {
+	r, _ := newTest(t, Config{Linger: time.Minute})
+	r.Gone(agentProc.PID)
+	r.Observe([]spans.Span{span("gym.rollout", trace.SpanKindInternal, "rollout", agentProc, time.Second)})
+	if st := r.Stats(); st.Processes != 1 {
+		t.Fatalf("%d processes", st.Processes)
+	}
+	r.Tick(time.Now().Add(2 * time.Minute))
+	if st := r.Stats(); st.Processes != 0 {
+		t.Errorf("%d processes after the linger: a late span kept a provider alive", st.Processes)
+	}
 }

@@ -175,11 +175,9 @@ func appendStable(a []attribute.KeyValue, e *exchange, errFrom int) []attribute.
 }
 
 // hostPort is the old http.host: the server's address and port, without
-// the port when it is 80.
+// the port when it is 80, and an IPv6 address without brackets, as the
+// ASGI instrumentation joins scope["server"].
 func hostPort(addr string, port int) string {
-	if strings.Contains(addr, ":") {
-		addr = "[" + addr + "]"
-	}
 	if port == 80 {
 		return addr
 	}

@@ -31,9 +31,10 @@ type bpfGtConfig struct {
 type bpfGtConfigFlag uint32
 
 const (
-	bpfGtConfigFlagGT_CFG_ROLLOUT_IDS bpfGtConfigFlag = 1
-	bpfGtConfigFlagGT_CFG_NO_GATE     bpfGtConfigFlag = 2
-	bpfGtConfigFlagGT_CFG_REWARD      bpfGtConfigFlag = 4
+	bpfGtConfigFlagGT_CFG_ROLLOUT_IDS    bpfGtConfigFlag = 1
+	bpfGtConfigFlagGT_CFG_NO_GATE        bpfGtConfigFlag = 2
+	bpfGtConfigFlagGT_CFG_REWARD         bpfGtConfigFlag = 4
+	bpfGtConfigFlagGT_CFG_KEEP_UNSAMPLED bpfGtConfigFlag = 8
 )
 
 type bpfGtConn struct {

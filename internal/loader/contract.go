@@ -148,4 +148,7 @@ const (
 	CfgRolloutIDs = uint32(bpfGtConfigFlagGT_CFG_ROLLOUT_IDS)
 	CfgNoGate     = uint32(bpfGtConfigFlagGT_CFG_NO_GATE)
 	CfgReward     = uint32(bpfGtConfigFlagGT_CFG_REWARD) // read the reward from /verify response bodies
+	// CfgKeepUnsampled copies out inbound requests whose traceparent says
+	// not sampled (their spans are still not exported): Gym's metrics.
+	CfgKeepUnsampled = uint32(bpfGtConfigFlagGT_CFG_KEEP_UNSAMPLED)
 )

@@ -38,12 +38,16 @@ import (
 const (
 	holdMaxAge   = 3 * time.Second
 	holdMaxSpans = 256
+	// holdMaxAll bounds the held spans of a process with unsampled ones
+	// (Options.Unsampled) counted too.
+	holdMaxAll = 8 * holdMaxSpans
 )
 
 // holdQueue is one undecided process's finished spans.
 type holdQueue struct {
-	since uint64 // kernel monotonic time the first span was held
-	spans []heldSpan
+	since   uint64 // kernel monotonic time the first span was held
+	spans   []heldSpan
+	sampled int // of spans, those to be exported: what holdMaxSpans bounds
 }
 
 // heldSpan is a finished span whose trace and parent ids are filled in on
@@ -209,8 +213,13 @@ func (b *Builder) put(s Span, n *node, g groups.Group, xRole uint8, server, gym 
 		b.held[pid] = q
 	}
 	q.spans = append(q.spans, heldSpan{s: s, n: n, g: g, server: server, gym: gym})
-	b.st.Held++
-	if len(q.spans) >= holdMaxSpans {
+	if s.Sampled {
+		q.sampled++
+		b.st.Held++
+	}
+	// Spans of unsampled traces (kept for metrics, Options.Unsampled) do
+	// not hurry the sampled ones' naming; they have a bound of their own.
+	if q.sampled >= holdMaxSpans || len(q.spans) >= holdMaxAll {
 		b.giveUp(pid)
 	}
 }

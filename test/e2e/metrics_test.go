@@ -184,16 +184,22 @@ func TestGymMetrics(t *testing.T) {
 	needStack(t)
 	for _, c := range []struct {
 		name string
-		pad  string // --verify-pad KiB: "" none
+		pad  string   // --verify-pad KiB: "" none
+		gt   []string // more gymtrace flags
 	}{
-		{"small-bodies", ""},
-		{"verify-over-64KiB", "80"},
+		{"small-bodies", "", nil},
+		{"verify-over-64KiB", "80", nil},
+		// Metrics count every request, also those of traces not sampled:
+		// the servers after the agent see traceparent flags 00 (injected by
+		// gymtrace, or by a caller's tracer) and the kernel copies them out
+		// all the same.
+		{"sample-ratio-0.1", "", []string{"--sample-ratio", "0.1"}},
 	} {
-		t.Run(c.name, func(t *testing.T) { runGymMetrics(t, c.pad) })
+		t.Run(c.name, func(t *testing.T) { runGymMetrics(t, c.pad, c.gt...) })
 	}
 }
 
-func runGymMetrics(t *testing.T, pad string) {
+func runGymMetrics(t *testing.T, pad string, gtArgs ...string) {
 	truth := filepath.Join(t.TempDir(), "truth.jsonl")
 	args := []string{"--exec-ng-run", "--rewards", "varied", "--reward-seed", "7", "--verify-fail-rate", "0.1", "--truth", truth}
 	if pad != "" {
@@ -206,7 +212,7 @@ func runGymMetrics(t *testing.T, pad string) {
 	agent, res := st.server("agent"), st.server("resources")
 	sk := startSink(t)
 	pids := append(st.pids(), st.ready.LauncherPID)
-	gt := startGymtrace(t, gtOpts{pids: pids, groups: "per_rollout", otlp: sk.endpoint(),
+	gt := startGymtrace(t, gtOpts{pids: pids, groups: "per_rollout", otlp: sk.endpoint(), extra: gtArgs,
 		env: []string{"OTEL_METRIC_EXPORT_INTERVAL=500"}})
 
 	// gym.servers.active: ng_run started the three servers.
