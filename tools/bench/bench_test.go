@@ -389,7 +389,7 @@ func TestBaselineRows(t *testing.T) {
 // The sid family: gymtrace rows and Gym-telemetry rows on the same runtime,
 // each Gym-telemetry setup on a stack of its own, all against "untraced, sid".
 func TestGymTelemetryRows(t *testing.T) {
-	want := []string{"untraced, sid", "default, sid", "per_rollout, sid",
+	want := []string{"untraced, sid", "groups off, sid", "default, sid", "per_rollout, sid", "all, sid",
 		"Gym telemetry default, OTLP, sid", "Gym telemetry default, no-op, sid",
 		"Gym telemetry per_rollout, OTLP, sid", "Gym telemetry per_rollout, no-op, sid"}
 	short := workloadRows(false, "sid", true)
@@ -420,7 +420,8 @@ func TestGymTelemetryRows(t *testing.T) {
 	}
 	// The asyncio family is for full runs.
 	full := workloadRows(false, "sid", false)
-	if len(full) != 2*len(want) || !slices.ContainsFunc(full, func(c wlConfig) bool { return c.Name == "Gym telemetry per_rollout, no-op, sid asyncio" }) {
+	// ... with gymtrace at default and per_rollout (off and all run on uvloop).
+	if len(full) != len(want)+7 || !slices.ContainsFunc(full, func(c wlConfig) bool { return c.Name == "Gym telemetry per_rollout, no-op, sid asyncio" }) {
 		t.Errorf("full run, --configs sid: %d rows", len(full))
 	}
 	for _, c := range full[len(want):] {
@@ -510,7 +511,7 @@ func TestAnalyseGymTelemetry(t *testing.T) {
 		}
 	}
 	rep.Skipped = map[string]string{"Gym telemetry per_rollout, OTLP, sid": "x", "Gym telemetry per_rollout, no-op, sid": "x",
-		"per_rollout, sid": "x"}
+		"per_rollout, sid": "x", "groups off, sid": "x", "all, sid": "x"}
 	rep.Settings.Configs, rep.Machine.Mode = "sid", "short"
 	if err := rep.complete(map[string]bool{"workload": true}); err == nil || strings.Contains(err.Error(), "sid") {
 		t.Errorf("complete() = %v; want only the per-program rows missing (skipped rows are not)", err)

@@ -120,8 +120,10 @@ var workloadConfigs = slices.Concat([]wlConfig{
 	{Name: "per_rollout, Gym runtime", Traced: true, Spec: "per_rollout", Runtime: runtimeGym},
 	// gymtrace against Gym's own in-process telemetry, on sid's 3.14.
 	{Name: "untraced, sid", Runtime: runtimeSid},
+	{Name: "groups off, sid", Traced: true, Spec: "", Runtime: runtimeSid},
 	{Name: "default, sid", Traced: true, Spec: "default", Runtime: runtimeSid},
 	{Name: "per_rollout, sid", Traced: true, Spec: "per_rollout", Runtime: runtimeSid},
+	{Name: "all, sid", Traced: true, Spec: "all", Runtime: runtimeSid},
 }, gymTelRows(runtimeSid, "sid", false), []wlConfig{
 	{Name: "untraced, sid asyncio", Runtime: runtimeSidAsyncio, FullOnly: true},
 	{Name: "default, sid asyncio", Traced: true, Spec: "default", Runtime: runtimeSidAsyncio, FullOnly: true},
