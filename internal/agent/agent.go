@@ -72,7 +72,8 @@ type agent struct {
 	out       *export.Pipeline
 	gym       *gymmetrics.Recorder // Gym's metrics; nil when off (gymmetrics.go)
 
-	py *pyTargets
+	py       *pyTargets
+	detached *closer // closes exited targets' probes in the background (detach.go)
 
 	records atomic.Uint64 // ring-buffer records read
 
@@ -155,6 +156,10 @@ func (t *agent) attach() error {
 			log.Debug("detaching traceparent injection", "err", err)
 		}
 	})
+	// Exited targets' probes are closed by this, before the attachers and
+	// the kernel objects are (undo runs last first).
+	t.detached = newCloser(log)
+	t.undo = append(t.undo, t.detached.stop)
 	// The metrics port is opened now (a port below 1024 needs
 	// CAP_NET_BIND_SERVICE) and served once the pipeline exists.
 	if cfg.MetricsAddr != "" {

@@ -69,21 +69,53 @@ func (p *pyTargets) add(pid int) {
 			}
 			return
 		}
+		// The layout goes to the kernel first, under the lock only for
+		// that: the probes (uprobe attaches, reading uvloop's module: half a
+		// second on a loaded machine) are set up after, without it, so one
+		// process's never holds up another's first requests' parents.
 		p.mu.Lock()
-		defer p.mu.Unlock()
 		if p.t.lookup(pid) == nil {
+			p.mu.Unlock()
 			return // gone meanwhile
 		}
 		if err := p.t.kern.SetPython(pid, in.Params); err != nil {
+			p.mu.Unlock()
 			p.t.log.Warn("asyncio causality off for this process", "pid", pid, "err", err)
 			return
 		}
 		p.interp[pid] = in
-		if p.want {
-			p.attachLocked(pid, in)
-		}
+		want := p.want
+		p.mu.Unlock()
 		p.t.log.Debug("python interpreter found", "pid", pid, "version", in.Version, "elf", in.ELFPath)
+		if want {
+			p.attach(pid, in)
+		}
 	}()
+}
+
+// attach attaches pid's context link probe, then looks for uvloop; the slow
+// parts run without the lock.
+func (p *pyTargets) attach(pid int, in *python.Interpreter) {
+	p.mu.Lock()
+	_, has := p.probes[pid]
+	p.mu.Unlock()
+	if has {
+		return
+	}
+	c, err := in.AttachProbes(p.t.kern.PyCopyProgram())
+	if err != nil {
+		p.t.log.Warn("asyncio child-task links off for this process (calls from child tasks stay unattributed)", "pid", pid, "err", err)
+		return
+	}
+	p.mu.Lock()
+	if _, dup := p.probes[pid]; dup || p.interp[pid] != in || !p.want {
+		p.mu.Unlock()
+		_ = c.Close() // set up meanwhile, or no longer wanted
+		return
+	}
+	p.probes[pid] = c
+	p.mu.Unlock()
+	p.uvloop(pid, in)
 }
 
 // wait blocks until every add so far has set its process up (layout in the
@@ -101,6 +133,7 @@ func (p *pyTargets) wait(d time.Duration) bool {
 	}
 }
 
+// attachLocked is attach for setMask, which holds the lock.
 func (p *pyTargets) attachLocked(pid int, in *python.Interpreter) {
 	if _, ok := p.probes[pid]; ok {
 		return
@@ -111,50 +144,57 @@ func (p *pyTargets) attachLocked(pid int, in *python.Interpreter) {
 		return
 	}
 	p.probes[pid] = c
-	p.uvloopLocked(pid, in)
+	go p.uvloop(pid, in)
 }
 
-// uvloopLocked looks for uvloop in the process; one not imported yet is
+// uvloop looks for uvloop in the process now; one not imported yet is
 // watched for (uvicorn imports it when it sets its loop up, just before it
 // serves), quickly at first.
-func (p *pyTargets) uvloopLocked(pid int, in *python.Interpreter) {
+func (p *pyTargets) uvloop(pid int, in *python.Interpreter) {
+	p.mu.Lock()
 	if _, ok := p.uvProbes[pid]; ok || p.uvWatch[pid] {
-		return
-	}
-	if p.tryUVloopLocked(pid, in) {
+		p.mu.Unlock()
 		return
 	}
 	p.uvWatch[pid] = true
-	go func() {
-		start := time.Now()
-		for {
-			d := 50 * time.Millisecond
-			if time.Since(start) > 5*time.Second {
-				d = time.Second
-			}
-			if time.Since(start) > 2*time.Minute {
-				d = 0
-			}
-			if d > 0 {
-				time.Sleep(d)
-			}
-			p.mu.Lock()
-			done := d == 0 || !p.uvWatch[pid] || p.interp[pid] != in || !p.want || p.tryUVloopLocked(pid, in)
-			if done {
-				delete(p.uvWatch, pid)
-			}
-			p.mu.Unlock()
-			if done {
-				return
-			}
-		}
-	}()
+	p.mu.Unlock()
+	if !p.tryUVloop(pid, in) {
+		go p.watchUVloop(pid, in)
+		return
+	}
+	p.mu.Lock()
+	delete(p.uvWatch, pid)
+	p.mu.Unlock()
 }
 
-// tryUVloopLocked reports whether the process's loop question is settled:
-// uvloop found (and its write probes attached where its writes are
-// deferred), or a uvloop this package cannot probe (logged once).
-func (p *pyTargets) tryUVloopLocked(pid int, in *python.Interpreter) bool {
+func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
+	defer func() {
+		p.mu.Lock()
+		delete(p.uvWatch, pid)
+		p.mu.Unlock()
+	}()
+	start := time.Now()
+	for time.Since(start) < 2*time.Minute {
+		d := 50 * time.Millisecond
+		if time.Since(start) > 5*time.Second {
+			d = time.Second
+		}
+		time.Sleep(d)
+		p.mu.Lock()
+		stop := !p.uvWatch[pid] || p.interp[pid] != in || !p.want
+		p.mu.Unlock()
+		if stop || p.tryUVloop(pid, in) {
+			return
+		}
+	}
+}
+
+// tryUVloop reports whether the process's loop question is settled: uvloop
+// found (and its write probes attached where its writes are deferred), or a
+// uvloop this package cannot probe (logged once). Reading the module and
+// attaching run without the lock; the result is kept only if the process is
+// still the one inspected.
+func (p *pyTargets) tryUVloop(pid int, in *python.Interpreter) bool {
 	m, err := python.FindUVloop(pid)
 	if m == nil && err == nil {
 		return false // not (yet) imported
@@ -177,6 +217,12 @@ func (p *pyTargets) tryUVloopLocked(pid int, in *python.Interpreter) bool {
 		p.t.log.Warn("uvloop write probes not attached: calls made while its writes are deferred stay unattributed",
 			"pid", pid, "uvloop", m.Version, "module", m.Path, "err", err)
 		p.t.spans.Builder().SetNoContext(pid, "uvloop_unrecognized")
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.uvProbes[pid]; dup || p.interp[pid] != in || !p.want {
+		_ = c.Close()
 		return true
 	}
 	params := in.Params
@@ -231,9 +277,9 @@ func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
 				p.t.log.Debug("uvloop write probes off: the process only serves", "pid", pid, "served", n.Served)
 			}
 		case detached && n.Made > 0:
-			p.t.log.Debug("uvloop write probes back: the process calls out", "pid", pid)
-			p.tryUVloopLocked(pid, in) // starts a new watcher
 			p.mu.Unlock()
+			p.t.log.Debug("uvloop write probes back: the process calls out", "pid", pid)
+			p.tryUVloop(pid, in) // starts a new watcher
 			return
 		}
 		p.mu.Unlock()
@@ -252,17 +298,31 @@ func (p *pyTargets) detachUVLocked(pid int) {
 }
 
 func (p *pyTargets) remove(pid int) {
+	for _, c := range p.take(pid) {
+		_ = c.Close()
+	}
+}
+
+// take forgets pid and returns its probes, still attached, for the caller
+// to close (tls.Attacher.Take says why).
+func (p *pyTargets) take(pid int) []io.Closer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.detachUVLocked(pid)
+	var out []io.Closer
+	delete(p.uvWatch, pid)
+	if c, ok := p.uvProbes[pid]; ok {
+		out = append(out, c)
+		delete(p.uvProbes, pid)
+	}
 	if c, ok := p.probes[pid]; ok {
-		_ = c.Close()
+		out = append(out, c)
 		delete(p.probes, pid)
 	}
 	if _, ok := p.interp[pid]; ok {
 		delete(p.interp, pid)
 		_ = p.t.kern.SetPython(pid, nil)
 	}
+	return out
 }
 
 // setMask attaches or detaches the link probes as the groups change.

@@ -82,11 +82,13 @@ func (t *agent) setInjectWanted(on bool) {
 }
 
 func (t *agent) removeTarget(p *discover.Process) {
-	t.tls.Remove(p.PID)
+	// Its probes come off in the background (closer): the next target's
+	// exec event must not wait for them.
+	probes := t.tls.Take(p.PID)
 	if err := t.kern.RemoveTarget(p.PID); err != nil {
 		t.log.Warn("removing target", "pid", p.PID, "err", err)
 	}
-	t.py.remove(p.PID)
+	t.detached.add(append(probes, t.py.take(p.PID)...))
 	t.mu.Lock()
 	delete(t.procs, p.PID)
 	t.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -143,12 +144,31 @@ func (a *Attacher) Add(pid int) error {
 
 // Remove detaches every probe of pid and forgets it.
 func (a *Attacher) Remove(pid int) {
+	for _, c := range a.Take(pid) {
+		_ = c.Close()
+	}
+}
+
+// Take forgets pid and returns its probes, still attached, for the caller
+// to close: detaching a uprobe waits for the kernel (about a second on a
+// loaded machine), which a process that has exited need not make anyone
+// wait for. A process with the same pid added later gets probes of its own.
+func (a *Attacher) Take(pid int) []io.Closer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if p := a.procs[pid]; p != nil {
-		a.detachLocked(pid, p)
-		delete(a.procs, pid)
+	p := a.procs[pid]
+	if p == nil {
+		return nil
 	}
+	delete(a.procs, pid)
+	var out []io.Closer
+	for k, at := range p.libs {
+		for _, l := range at.links {
+			out = append(out, l)
+		}
+		delete(p.libs, k)
+	}
+	return out
 }
 
 // Libraries lists what is attached in pid, sorted by path.
