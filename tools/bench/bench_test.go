@@ -389,7 +389,7 @@ func TestBaselineRows(t *testing.T) {
 // The sid family: gymtrace rows and Gym-telemetry rows on the same runtime,
 // each Gym-telemetry setup on a stack of its own, all against "untraced, sid".
 func TestGymTelemetryRows(t *testing.T) {
-	want := []string{"untraced, sid", "groups off, sid", "default, sid", "per_rollout, sid", "all, sid",
+	want := []string{"untraced, sid", "groups off, sid", "default, sid", "default, Gym metrics off, sid", "per_rollout, sid", "all, sid",
 		"Gym telemetry default, OTLP, sid", "Gym telemetry default, no-op, sid",
 		"Gym telemetry per_rollout, OTLP, sid", "Gym telemetry per_rollout, no-op, sid"}
 	short := workloadRows(false, "sid", true)
@@ -511,7 +511,7 @@ func TestAnalyseGymTelemetry(t *testing.T) {
 		}
 	}
 	rep.Skipped = map[string]string{"Gym telemetry per_rollout, OTLP, sid": "x", "Gym telemetry per_rollout, no-op, sid": "x",
-		"per_rollout, sid": "x", "groups off, sid": "x", "all, sid": "x"}
+		"per_rollout, sid": "x", "groups off, sid": "x", "all, sid": "x", "default, Gym metrics off, sid": "x"}
 	rep.Settings.Configs, rep.Machine.Mode = "sid", "short"
 	if err := rep.complete(map[string]bool{"workload": true}); err == nil || strings.Contains(err.Error(), "sid") {
 		t.Errorf("complete() = %v; want only the per-program rows missing (skipped rows are not)", err)

@@ -102,11 +102,10 @@ func gymTelRows(runtime, suffix string, fullOnly bool) []wlConfig {
 var workloadConfigs = slices.Concat([]wlConfig{
 	{Name: "untraced"},
 	{Name: "groups off", Traced: true, Spec: ""},
-	// Gym's metrics are on by default (every traced row has them, with a
-	// Prometheus reader: the bench scrapes --metrics-addr); this row
-	// measures what they cost.
+	// Gym's metrics are on by default: every traced row has them, with a
+	// Prometheus reader (the bench scrapes --metrics-addr); the sid family
+	// has a row without them.
 	{Name: "default", Traced: true, Spec: "default"},
-	{Name: "default, Gym metrics off", Traced: true, Spec: "default", Args: []string{"--gym-metrics=false"}},
 	{Name: "per_rollout", Traced: true, Spec: "per_rollout"},
 	{Name: "all", Traced: true, Spec: "all"},
 	{Name: "verify, gate", Traced: true, Spec: "verify"},
@@ -122,6 +121,11 @@ var workloadConfigs = slices.Concat([]wlConfig{
 	{Name: "untraced, sid", Runtime: runtimeSid},
 	{Name: "groups off, sid", Traced: true, Spec: "", Runtime: runtimeSid},
 	{Name: "default, sid", Traced: true, Spec: "default", Runtime: runtimeSid},
+	// Gym's metrics are on by default (every traced row has them, with a
+	// Prometheus reader: the bench scrapes --metrics-addr); this row
+	// measures what they cost, beside the Gym-telemetry rows whose side
+	// includes its own metrics.
+	{Name: "default, Gym metrics off, sid", Traced: true, Spec: "default", Runtime: runtimeSid, Args: []string{"--gym-metrics=false"}},
 	{Name: "per_rollout, sid", Traced: true, Spec: "per_rollout", Runtime: runtimeSid},
 	{Name: "all, sid", Traced: true, Spec: "all", Runtime: runtimeSid},
 }, gymTelRows(runtimeSid, "sid", false), []wlConfig{
