@@ -116,6 +116,12 @@ static __always_inline __u32 gt_json_value(const __u8 *s, __u32 at, __u32 n)
 	return at;
 }
 
+// Whether any byte of the 64-bit word x is b: a load and three ALU ops per
+// eight bytes (the header scan's newlines, the reward scan's quotes).
+#define GT_HAS_BYTE(x, b)                                                                  \
+	((((x) ^ (0x0101010101010101ULL * (__u8)(b))) - 0x0101010101010101ULL) &           \
+	 ~((x) ^ (0x0101010101010101ULL * (__u8)(b))) & 0x8080808080808080ULL)
+
 // One header line [ls, le) of the scratch buffer; results go to sc->scan.
 static __always_inline void gt_header_line(struct gt_scratch *sc, __u32 ls, __u32 le, int is_req)
 {
@@ -204,8 +210,7 @@ __noinline int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
 	{
 		__u32 base = (w * 8) & (GT_SCRATCH - 8);
 		__u64 x = *(__u64 *)&sc->buf[base];
-		__u64 t = x ^ 0x0a0a0a0a0a0a0a0aULL;
-		if (!((t - 0x0101010101010101ULL) & ~t & 0x8080808080808080ULL))
+		if (!GT_HAS_BYTE(x, '\n'))
 			continue;
 		int done = 0;
 #pragma unroll

@@ -19,11 +19,6 @@
 #define GT_REWARD_WINDOWS 2
 #define GT_JSON_WS_MAX 4 // whitespace bytes taken on each side of the key's ':'
 
-// Whether any byte of the 64-bit word x is b (the header scan's newline test).
-#define GT_HAS_BYTE(x, b)                                                                  \
-	((((x) ^ (0x0101010101010101ULL * (__u8)(b))) - 0x0101010101010101ULL) &           \
-	 ~((x) ^ (0x0101010101010101ULL * (__u8)(b))) & 0x8080808080808080ULL)
-
 static __always_inline int gt_json_ws(__u8 c)
 {
 	return c == ' ' || c == '\n' || c == '\r' || c == '\t';
