@@ -133,20 +133,6 @@ func (p *pyTargets) wait(d time.Duration) bool {
 	}
 }
 
-// attachLocked is attach for setMask, which holds the lock.
-func (p *pyTargets) attachLocked(pid int, in *python.Interpreter) {
-	if _, ok := p.probes[pid]; ok {
-		return
-	}
-	c, err := in.AttachProbes(p.t.kern.PyCopyProgram())
-	if err != nil {
-		p.t.log.Warn("asyncio child-task links off for this process (calls from child tasks stay unattributed)", "pid", pid, "err", err)
-		return
-	}
-	p.probes[pid] = c
-	go p.uvloop(pid, in)
-}
-
 // uvloop looks for uvloop in the process now; one not imported yet is
 // watched for (uvicorn imports it when it sets its loop up, just before it
 // serves), quickly at first.
@@ -328,16 +314,20 @@ func (p *pyTargets) take(pid int) []io.Closer {
 // setMask attaches or detaches the link probes as the groups change.
 func (p *pyTargets) setMask(m groups.Mask) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.want = needsPy(m)
+	todo := map[int]*python.Interpreter{}
 	for pid, in := range p.interp {
 		if p.want {
-			p.attachLocked(pid, in)
+			todo[pid] = in
 		} else if c, ok := p.probes[pid]; ok {
 			p.detachUVLocked(pid)
 			_ = c.Close()
 			delete(p.probes, pid)
 		}
+	}
+	p.mu.Unlock()
+	for pid, in := range todo {
+		p.attach(pid, in) // skips a process that has its probe already
 	}
 }
 
