@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -257,11 +258,8 @@ func (r *Recorder) ForceFlush(ctx context.Context) error {
 // Close exports the last values and stops every reader and the exporter.
 func (r *Recorder) Close(ctx context.Context) error {
 	r.mu.Lock()
-	prs := make([]*proc, 0, len(r.procs))
-	for k, pr := range r.procs {
-		prs = append(prs, pr)
-		delete(r.procs, k)
-	}
+	prs := slices.Collect(maps.Values(r.procs))
+	clear(r.procs)
 	r.mu.Unlock()
 	var errs []error
 	for _, pr := range prs {
@@ -285,11 +283,7 @@ func (r *Recorder) Stats() Stats {
 func (r *Recorder) snapshotProcs() []*proc {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*proc, 0, len(r.procs))
-	for _, pr := range r.procs {
-		out = append(out, pr)
-	}
-	return out
+	return slices.Collect(maps.Values(r.procs))
 }
 
 // procLocked returns p's metrics, made on first use. A process whose
