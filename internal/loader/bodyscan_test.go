@@ -42,16 +42,19 @@ func (r *rig) setGate(mask uint64, flags uint32) {
 	}
 }
 
-// onConn selects the records of one connection, by the client's port, with
-// kind and side.
+// onConn selects the records of one connection, by both its ports, with
+// kind and side. (The client's port alone is not enough: the kernel may give
+// a later connection, to another test server, the same ephemeral port, and
+// the rig keeps every record of the test.)
 func onConn(c net.Conn, kind, side uint8) func(*HTTPEvent) bool {
-	port := uint16(c.LocalAddr().(*net.TCPAddr).Port)
+	cli := uint16(c.LocalAddr().(*net.TCPAddr).Port)
+	srv := uint16(c.RemoteAddr().(*net.TCPAddr).Port)
 	return func(e *HTTPEvent) bool {
-		p := e.Tuple.Rport
-		if side == SideClient {
-			p = e.Tuple.Lport
+		l, rp := e.Tuple.Lport, e.Tuple.Rport
+		if side == SideServer {
+			l, rp = rp, l
 		}
-		return e.Kind == kind && e.Side == side && p == port
+		return e.Kind == kind && e.Side == side && l == cli && rp == srv
 	}
 }
 
