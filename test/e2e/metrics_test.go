@@ -194,14 +194,23 @@ func TestGymMetrics(t *testing.T) {
 		// gymtrace, or by a caller's tracer) and the kernel copies them out
 		// all the same.
 		{"sample-ratio-0.1", "", []string{"--sample-ratio", "0.1"}},
+		// Gym's runtime loop and parser: uvloop writes the big answers its own way.
+		{"uvloop-httptools-over-64KiB", "80", nil},
 	} {
-		t.Run(c.name, func(t *testing.T) { runGymMetrics(t, c.pad, c.gt...) })
+		t.Run(c.name, func(t *testing.T) {
+			var stackArgs []string
+			if strings.HasPrefix(c.name, "uvloop") {
+				stackArgs = []string{"--loop", "uvloop", "--http", "httptools"}
+			}
+			runGymMetrics(t, c.pad, stackArgs, c.gt...)
+		})
 	}
 }
 
-func runGymMetrics(t *testing.T, pad string, gtArgs ...string) {
+func runGymMetrics(t *testing.T, pad string, stackArgs []string, gtArgs ...string) {
 	truth := filepath.Join(t.TempDir(), "truth.jsonl")
-	args := []string{"--exec-ng-run", "--rewards", "varied", "--reward-seed", "7", "--verify-fail-rate", "0.1", "--truth", truth}
+	args := append([]string{"--exec-ng-run", "--rewards", "varied", "--reward-seed", "7", "--verify-fail-rate", "0.1", "--truth", truth},
+		stackArgs...)
 	if pad != "" {
 		args = append(args, "--verify-pad", pad)
 	}
