@@ -60,11 +60,11 @@ func TestBenchLinkProbe(t *testing.T) {
 			ports := []string{"--port", fmt.Sprint(app), "--upstream-port", fmt.Sprint(up)}
 			// The app gets CPU 1 to itself, upstream and load share CPU 0, so
 			// that the app's CPU time is not inflated by their contention.
-			startBackground(t, pinned(t, "0", pyCmd(t, which, script, append([]string{"upstream"}, ports...)...)))
+			upDone := startBackground(t, pinned(t, "0", pyCmd(t, which, script, append([]string{"upstream"}, ports...)...)))
 			appCmd := pinned(t, "1", pyCmd(t, which, script, append(append([]string{"app"}, ports...), args...)...))
-			startBackground(t, appCmd)
-			waitPort(t, up)
-			waitPort(t, app)
+			appDone := startBackground(t, appCmd)
+			waitPort(t, up, upDone)
+			waitPort(t, app, appDone)
 			in, err := InspectInterpreter(appCmd.Process.Pid)
 			if err != nil {
 				t.Fatal(err)

@@ -20,7 +20,9 @@ import (
 
 var freePort = testproc.FreePort
 
-func waitPort(t *testing.T, port int) {
+// waitPort waits until something listens on port, and fails at once if the
+// process that should listen there (done closed) has exited.
+func waitPort(t *testing.T, port int, done <-chan struct{}) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
@@ -29,18 +31,27 @@ func waitPort(t *testing.T, port int) {
 			c.Close()
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-done:
+			t.Fatalf("the server for port %d exited before listening (its output is above)", port)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	t.Fatalf("nothing listening on port %d after 30 s", port)
 }
 
-func startBackground(t *testing.T, cmd *exec.Cmd) {
+// startBackground starts cmd with its output on the test's stderr and
+// returns a channel closed when it exits. The test's cleanup kills it.
+func startBackground(t *testing.T, cmd *exec.Cmd) <-chan struct{} {
 	t.Helper()
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %v: %v", cmd.Args, err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	return done
 }
 
 var (
@@ -65,11 +76,11 @@ func runStack(t *testing.T, which string, n, c int, appArgs ...string) stackResu
 	script := testdataScript(t, "causality_app.py")
 	up, app := freePort(t), freePort(t)
 	ports := []string{"--port", fmt.Sprint(app), "--upstream-port", fmt.Sprint(up)}
-	startBackground(t, pyCmd(t, which, script, append([]string{"upstream"}, ports...)...))
+	upDone := startBackground(t, pyCmd(t, which, script, append([]string{"upstream"}, ports...)...))
 	appCmd := pyCmd(t, which, script, append(append([]string{"app"}, ports...), appArgs...)...)
-	startBackground(t, appCmd)
-	waitPort(t, up)
-	waitPort(t, app)
+	appDone := startBackground(t, appCmd)
+	waitPort(t, up, upDone)
+	waitPort(t, app, appDone)
 	in, err := InspectInterpreter(appCmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import contextvars
 import itertools
 import json
 import os
+import random
 import re
 import socket
 import sys
@@ -524,8 +525,33 @@ def serve(app, cfg, args, client=None):
     uvicorn.Server(config).run()
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host="127.0.0.1"):
+    """A port on host that was free a moment ago, outside the ephemeral range.
+
+    bind(0) hands out an ephemeral port, and any outbound connect() on the
+    machine may take that same port as its source port before the server binds
+    it. connect() never picks a port below the ephemeral range, so pick there
+    (the same rule as the Go tests' test/freeport)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    lo, hi = _ephemeral_range()
+    pool = [p for p in range(10000, 65536) if not lo <= p <= hi]
+    for _ in range(200 if pool else 0):
+        port = random.choice(pool)
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -7,7 +7,6 @@ package testproc
 import (
 	"bytes"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gymtrace/gymtrace/test/freeport"
 )
 
 // Buffer is an output buffer written by a copying goroutine and read by the
@@ -173,13 +174,14 @@ func Tail(s string, n int) string {
 	return s
 }
 
-// FreePort is a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort is a TCP port on 127.0.0.1 that was free a moment ago, outside
+// the kernel's ephemeral range so that no outbound connection takes it before
+// the server binds it (see package freeport).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gymtrace/gymtrace/test/freeport"
 )
 
 // child is a process the harness started. Every child is stopped by its own
@@ -177,14 +178,7 @@ func startListeningN(name string, argv []string, logPath string, n int) (*child,
 	}
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return freeport.Pick() }
 
 // gymtrace is one running gymtrace under test.
 type gymtrace struct {

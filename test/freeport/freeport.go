@@ -1,0 +1,88 @@
+// Package freeport picks TCP ports for test servers that nothing else on the
+// machine is about to take.
+//
+// bind(port 0) hands out a port from the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range). The port is free when it is returned, but
+// between closing the probe socket and the server's own bind any outbound
+// connect() on the machine may be given the same port as its source port, and
+// the server then fails with EADDRINUSE. CI runs test packages in parallel, so
+// that happened (a Python server in internal/python never listened). Ports
+// below the ephemeral range are never handed out by connect(), so the only
+// way to lose one is another test picking the very same port in the same few
+// milliseconds, which the random choice makes negligible.
+package freeport
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+const (
+	lowest = 10000 // below this live well-known services
+	tries  = 200
+)
+
+// Pick returns a TCP port on 127.0.0.1 outside the ephemeral range that was
+// free a moment ago.
+func Pick() (int, error) {
+	lo, hi := ephemeralRange()
+	for range tries {
+		p := candidate(lo, hi)
+		if p == 0 {
+			break
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return p, nil
+	}
+	// No room outside the ephemeral range (a machine that made it cover
+	// almost everything): fall back to the kernel's choice.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free TCP port on 127.0.0.1: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// candidate is a random port in [lowest, 65535] outside [lo, hi], or 0 when
+// there is none.
+func candidate(lo, hi int) int {
+	below := max(0, min(lo, 65536)-lowest)   // [lowest, lo)
+	above := max(0, 65535-max(hi, lowest-1)) // (hi, 65535]
+	n := below + above
+	if n <= 0 {
+		return 0
+	}
+	i := rand.IntN(n)
+	if i < below {
+		return lowest + i
+	}
+	return max(hi, lowest-1) + 1 + (i - below)
+}
+
+// ephemeralRange is the kernel's ip_local_port_range, or Linux's default.
+func ephemeralRange() (lo, hi int) {
+	lo, hi = 32768, 60999
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return lo, hi
+	}
+	l, err1 := strconv.Atoi(f[0])
+	h, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || l > h {
+		return lo, hi
+	}
+	return l, h
+}
