@@ -55,17 +55,17 @@ func Pick() (int, error) {
 // candidate is a random port in [lowest, 65535] outside [lo, hi], or 0 when
 // there is none.
 func candidate(lo, hi int) int {
-	below := max(0, min(lo, 65536)-lowest)   // [lowest, lo)
-	above := max(0, 65535-max(hi, lowest-1)) // (hi, 65535]
-	n := below + above
-	if n <= 0 {
+	below := max(0, min(lo, 65536)-lowest) // [lowest, lo)
+	from := max(hi+1, lowest)              // (hi, 65535]
+	above := max(0, 65536-from)
+	if below+above == 0 {
 		return 0
 	}
-	i := rand.IntN(n)
+	i := rand.IntN(below + above)
 	if i < below {
 		return lowest + i
 	}
-	return max(hi, lowest-1) + 1 + (i - below)
+	return from + i - below
 }
 
 // ephemeralRange is the kernel's ip_local_port_range, or Linux's default.

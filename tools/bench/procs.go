@@ -178,8 +178,6 @@ func startListeningN(name string, argv []string, logPath string, n int) (*child,
 	}
 }
 
-func freePort() (int, error) { return freeport.Pick() }
-
 // gymtrace is one running gymtrace under test.
 type gymtrace struct {
 	*child
@@ -198,7 +196,7 @@ type gymtraceOptions struct {
 // startGymtrace starts gymtrace with a metrics endpoint and waits for its
 // "gymtrace: attached" line.
 func startGymtrace(ctx context.Context, o gymtraceOptions) (*gymtrace, error) {
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}
