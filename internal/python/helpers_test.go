@@ -20,6 +20,8 @@ const (
 	debianPython = "/usr/bin/python3"
 	trixieRoot   = "/var/tmp/gymtrace-trixie"
 	trixiePython = "/usr/bin/python3.13"
+	sidRoot      = "/var/tmp/gymtrace-sid"
+	sidPython    = "/usr/bin/python3.14"
 )
 
 func requireRoot(t *testing.T) {
@@ -56,21 +58,30 @@ func pyCmd(t *testing.T, which, script string, args ...string) *exec.Cmd {
 		}
 		return dieWithTest(exec.Command(debianPython, append([]string{script}, args...)...))
 	case "trixie":
-		if _, err := os.Stat(filepath.Join(trixieRoot, trixiePython)); err != nil {
-			t.Skipf("no Debian 13 root at %s: run test/python/make-trixie-root.sh", trixieRoot)
-		}
-		data, err := os.ReadFile(script)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(trixieRoot, "tmp", filepath.Base(script))
-		if err := os.WriteFile(dst, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return dieWithTest(exec.Command("chroot", append([]string{trixieRoot, trixiePython, "/tmp/" + filepath.Base(script)}, args...)...))
+		return rootCmd(t, trixieRoot, trixiePython, script, args...)
+	case "sid":
+		return rootCmd(t, sidRoot, sidPython, script, args...)
 	}
 	t.Fatalf("unknown interpreter %q", which)
 	return nil
+}
+
+// rootCmd runs script with the interpreter of a Debian root
+// (test/python/make-root.sh), chrooted.
+func rootCmd(t *testing.T, root, python, script string, args ...string) *exec.Cmd {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(root, python)); err != nil {
+		t.Skipf("no %s in %s: run test/python/make-root.sh (scripts/setup --tests does)", python, root)
+	}
+	data, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(root, "tmp", filepath.Base(script))
+	if err := os.WriteFile(dst, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dieWithTest(exec.Command("chroot", append([]string{root, python, "/tmp/" + filepath.Base(script)}, args...)...))
 }
 
 // dieWithTest kills the child if the test binary dies first (a killed

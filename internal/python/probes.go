@@ -11,6 +11,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Probes are the uprobes attached to one process. Close detaches them; with
@@ -52,8 +54,9 @@ func (in *Interpreter) AttachProbes(copyRet *ebpf.Program) (io.Closer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s of process %d for uprobes: %w", in.MappedPath, in.PID, err)
 	}
-	// A return probe placed after the entry's endbr64 still sees the return
-	// address on top of the stack: nothing has been pushed yet.
+	// A return probe placed after the function's first instructions still
+	// sees the return address on top of the stack: probesite.Return only
+	// moves past ones that leave %rsp alone.
 	l, err := ex.Uretprobe(ProbeSymbol, copyRet, &link.UprobeOptions{PID: in.PID, Offset: off})
 	if err != nil {
 		return nil, fmt.Errorf("attaching a return probe to %s in %s of process %d: %w",
@@ -99,14 +102,14 @@ func (in *Interpreter) attachContextNew(ex *link.Executable, copyRet *ebpf.Progr
 	}
 	defer f.Close()
 	vaddr := addr - in.Bias
-	off, cheap, err := entryOffset(f, vaddr)
+	off, cheap, err := probesite.Return(f, vaddr, 0)
 	if err != nil {
 		return nil, fmt.Errorf("PyContext_Type.tp_new %#x: %w", vaddr, err)
 	}
 	if !cheap {
 		return nil, fmt.Errorf("PyContext_Type.tp_new at %#x starts with an instruction the kernel single-steps", vaddr)
 	}
-	foff, err := fileOffset(f, vaddr)
+	foff, err := probesite.FileOffset(f, vaddr)
 	if err != nil {
 		return nil, fmt.Errorf("PyContext_Type.tp_new %#x in %s: %w", vaddr, in.MappedPath, err)
 	}
@@ -123,59 +126,26 @@ func AttachProbes(pid int, copyRet *ebpf.Program) (io.Closer, error) {
 	return in.AttachProbes(copyRet)
 }
 
-// probeOffset picks where in symbol to put the probe. x86-64 uprobes emulate
-// a few instructions (push, call, jmp) and single-step the rest, which costs
-// about 20 µs a hit here against about 1 µs. CET-enabled builds (Debian 13's
-// python3.13) start every function with endbr64, which is single-stepped, so
-// the probe goes on the next instruction. cheap reports whether that one is
-// a push the kernel emulates.
+// probeOffset is where in symbol the return probe goes (probesite.Return):
+// on an instruction the kernel emulates, where the call's stack is still
+// untouched, when the function's start has one; cheap reports whether it
+// does. Debian 12's 3.11 and 13's 3.13 start with a push (after endbr64 on
+// 13); sid's 3.14 with loads and a test, so the probe sits on the je after
+// them.
 func probeOffset(path, symbol string) (off uint64, cheap bool, err error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		return 0, false, err
 	}
 	defer f.Close()
-	if f.Machine != elf.EM_X86_64 {
-		return 0, true, nil // arm64 uprobes simulate most entry instructions
-	}
 	syms, err := f.DynamicSymbols()
 	if err != nil {
 		return 0, false, err
 	}
 	for _, s := range syms {
-		if s.Name != symbol || s.Value == 0 {
-			continue
+		if s.Name == symbol && s.Value != 0 {
+			return probesite.Return(f, s.Value, s.Size)
 		}
-		code, err := readVaddr(f, s.Value, 8)
-		if err != nil {
-			return 0, false, err
-		}
-		if code[0] == 0xf3 && code[1] == 0x0f && code[2] == 0x1e && code[3] == 0xfa { // endbr64
-			off = 4
-			code = code[4:]
-		}
-		return off, isPush(code), nil
 	}
 	return 0, false, fmt.Errorf("no %s in .dynsym", symbol)
-}
-
-// isPush: push %reg (50+r) or push %r8..%r15 (41 50+r).
-func isPush(code []byte) bool {
-	if len(code) > 0 && code[0] >= 0x50 && code[0] <= 0x57 {
-		return true
-	}
-	return len(code) > 1 && code[0] == 0x41 && code[1] >= 0x50 && code[1] <= 0x57
-}
-
-func readVaddr(f *elf.File, vaddr uint64, n int) ([]byte, error) {
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD && vaddr >= p.Vaddr && vaddr+uint64(n) <= p.Vaddr+p.Filesz {
-			b := make([]byte, n)
-			if _, err := p.ReadAt(b, int64(vaddr-p.Vaddr)); err != nil {
-				return nil, err
-			}
-			return b, nil
-		}
-	}
-	return nil, fmt.Errorf("address %#x is in no loaded segment", vaddr)
 }

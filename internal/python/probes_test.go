@@ -8,14 +8,16 @@ import (
 
 // The probe must land on an instruction the kernel emulates: Debian 12's
 // python3.11 starts PyContext_CopyCurrent with push %rsi, Debian 13's
-// python3.13 with endbr64 then push %rbx.
+// python3.13 with endbr64 then push %rbx, sid's python3.14 with endbr64,
+// two loads and a test before a je.
 func TestProbeOffset(t *testing.T) {
 	for _, c := range []struct {
 		path string
 		off  uint64
 	}{
 		{"/usr/bin/python3.11", 0},
-		{filepath.Join(trixieRoot, "usr/bin/python3.13"), 4},
+		{filepath.Join(trixieRoot, trixiePython), 4},
+		{filepath.Join(sidRoot, sidPython), 0x17},
 	} {
 		if _, err := os.Stat(c.path); err != nil {
 			t.Logf("skipping %s: %v", c.path, err)
@@ -26,7 +28,7 @@ func TestProbeOffset(t *testing.T) {
 			t.Fatal(err)
 		}
 		if off != c.off || !cheap {
-			t.Errorf("%s: probe offset %d (emulated=%v), want %d on a push", c.path, off, cheap, c.off)
+			t.Errorf("%s: probe offset %d (emulated=%v), want %#x, emulated", c.path, off, cheap, c.off)
 		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // uvloop support: where its transports' write methods are, in a stripped
@@ -216,16 +218,19 @@ func InspectUVloop(path string) (*UVloopModule, error) {
 		if !ok {
 			return nil, fmt.Errorf("UVStream.%s has no function pointer", n)
 		}
-		fl, err := readVaddr(f, e+16, 4)
+		fl, err := probesite.ReadVaddr(f, e+16, 4)
+		if err == nil && len(fl) < 4 {
+			err = fmt.Errorf("UVStream.%s's method entry at %#x is cut off", n, e)
+		}
 		if err != nil {
 			return nil, err
 		}
 		s := UVloopSite{Name: n, Vaddr: fn, Flags: f.ByteOrder.Uint32(fl)}
-		s.Offset, s.Cheap, err = entryOffset(f, fn)
+		s.Offset, s.Cheap, err = probesite.Entry(f, fn)
 		if err != nil {
 			return nil, err
 		}
-		if s.FileOff, err = fileOffset(f, fn); err != nil {
+		if s.FileOff, err = probesite.FileOffset(f, fn); err != nil {
 			return nil, err
 		}
 		m.Sites = append(m.Sites, s)
@@ -310,35 +315,6 @@ func readCString(f *elf.File, vaddr uint64, max int) (string, error) {
 		return string(b), nil
 	}
 	return "", fmt.Errorf("address %#x is in no loaded segment", vaddr)
-}
-
-// entryOffset: where to put an entry uprobe on the function at vaddr so that
-// the kernel emulates the probed instruction (see probeOffset).
-func entryOffset(f *elf.File, vaddr uint64) (uint64, bool, error) {
-	if f.Machine != elf.EM_X86_64 {
-		return 0, true, nil
-	}
-	code, err := readVaddr(f, vaddr, 8)
-	if err != nil {
-		return 0, false, err
-	}
-	var off uint64
-	if code[0] == 0xf3 && code[1] == 0x0f && code[2] == 0x1e && code[3] == 0xfa { // endbr64
-		off = 4
-		code = code[4:]
-	}
-	return off, isPush(code), nil
-}
-
-// fileOffset converts a virtual address of an executable segment of f to a
-// file offset, as uprobes want it.
-func fileOffset(f *elf.File, vaddr uint64) (uint64, error) {
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && vaddr >= p.Vaddr && vaddr < p.Vaddr+p.Filesz {
-			return vaddr - p.Vaddr + p.Off, nil
-		}
-	}
-	return 0, fmt.Errorf("address %#x is in no executable segment", vaddr)
 }
 
 // deferredWrites: uvloop up to 0.22.1 buffers small writes until the loop's

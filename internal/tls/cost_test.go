@@ -17,6 +17,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // TestProbeCost measures what one uprobe hit costs a Python process doing
@@ -40,7 +42,7 @@ func TestProbeCost(t *testing.T) {
 		addr[s.Name] = s.Value
 	}
 	off := func(name string) uint64 {
-		o, err := fileOffset(f, addr[name])
+		o, err := probesite.FileOffset(f, addr[name])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,8 +53,8 @@ func TestProbeCost(t *testing.T) {
 	if !ok1 || !ok2 {
 		t.Skip("this libssl does not have the SSL_*_ex wrapper pattern")
 	}
-	wIntOff, _ := fileOffset(f, wInt)
-	rIntOff, _ := fileOffset(f, rInt)
+	wIntOff, _ := probesite.FileOffset(f, wInt)
+	rIntOff, _ := probesite.FileOffset(f, rInt)
 	f.Close()
 
 	counter, prog := countingProg(t)

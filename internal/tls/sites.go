@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Flavor is how a probed function reports the bytes it moved; the kernel
@@ -167,67 +169,36 @@ func entrySite(f *elf.File, syms map[string]elfSym, name string) (Site, error) {
 	// SSL_free starts with `test %rdi,%rdi; je ...` on Debian's build: the
 	// je is emulated and %rdi is still the argument there.
 	if !cheap && f.Machine == elf.EM_X86_64 {
-		base, _ := fileOffset(f, sym.vaddr)
-		code, err := readVaddr(f, sym.vaddr+(off-base), 8)
-		if err == nil && len(code) >= 5 && code[0] == 0x48 && code[1] == 0x85 && code[2] == 0xff && isEmulated(code[3:]) {
+		base, _ := probesite.FileOffset(f, sym.vaddr)
+		code, err := probesite.ReadVaddr(f, sym.vaddr+(off-base), 8)
+		if err == nil && len(code) >= 5 && code[0] == 0x48 && code[1] == 0x85 && code[2] == 0xff && probesite.IsEmulated(code[3:]) {
 			return Site{Symbol: name, Offset: off + 3, Cheap: true}, nil
 		}
 	}
 	return Site{Symbol: name, Offset: off, Cheap: cheap}, nil
 }
 
-// entryOffset is the file offset where a probe on the function at vaddr goes:
-// past an endbr64 (single-stepped, and it changes no register), and whether
-// the instruction there is emulated.
+// entryOffset is the file offset where a probe on the function at vaddr goes
+// (probesite.Entry), and whether the instruction there is emulated.
 func entryOffset(f *elf.File, vaddr uint64) (uint64, bool, error) {
-	off, err := fileOffset(f, vaddr)
+	base, err := probesite.FileOffset(f, vaddr)
 	if err != nil {
 		return 0, false, err
 	}
-	if f.Machine != elf.EM_X86_64 {
-		return off, true, nil // arm64 uprobes simulate the usual prologue instructions
-	}
-	code, err := readVaddr(f, vaddr, 8)
-	if err != nil {
-		return 0, false, err
-	}
-	if isEndbr64(code) {
-		off += 4
-		code = code[4:]
-	}
-	return off, isEmulated(code), nil
-}
-
-func isEndbr64(c []byte) bool {
-	return len(c) >= 4 && c[0] == 0xf3 && c[1] == 0x0f && c[2] == 0x1e && c[3] == 0xfa
-}
-
-// isEmulated: push %reg, push %r8-15, call rel32, jmp rel8/rel32, jcc. The
-// x86 uprobe code emulates these; it single-steps everything else.
-func isEmulated(c []byte) bool {
-	switch {
-	case len(c) > 0 && c[0] >= 0x50 && c[0] <= 0x57:
-		return true
-	case len(c) > 1 && c[0] == 0x41 && c[1] >= 0x50 && c[1] <= 0x57:
-		return true
-	case len(c) > 0 && (c[0] == 0xe8 || c[0] == 0xe9 || c[0] == 0xeb || (c[0] >= 0x70 && c[0] <= 0x7f)):
-		return true
-	case len(c) > 1 && c[0] == 0x0f && c[1] >= 0x80 && c[1] <= 0x8f:
-		return true
-	}
-	return false
+	off, cheap, err := probesite.Entry(f, vaddr)
+	return base + off, cheap, err
 }
 
 // wrapperCallTarget recognises `[endbr64] sub $imm8,%rsp; call rel32` at
 // vaddr: a wrapper that passes its arguments through unchanged (it touches
 // only %rsp before the call). Returns the call's target.
 func wrapperCallTarget(f *elf.File, vaddr uint64) (uint64, bool) {
-	code, err := readVaddr(f, vaddr, 16)
+	code, err := probesite.ReadVaddr(f, vaddr, 16)
 	if err != nil {
 		return 0, false
 	}
 	i := 0
-	if isEndbr64(code) {
+	if probesite.IsEndbr64(code) {
 		i = 4
 	}
 	if code[i] != 0x48 || code[i+1] != 0x83 || code[i+2] != 0xec { // sub $imm8,%rsp
@@ -247,7 +218,7 @@ func callsTarget(f *elf.File, sym elfSym, target uint64) bool {
 	if n == 0 || n > 256 {
 		n = 256
 	}
-	code, err := readVaddr(f, sym.vaddr, int(n))
+	code, err := probesite.ReadVaddr(f, sym.vaddr, int(n))
 	if err != nil {
 		return false
 	}
@@ -261,30 +232,4 @@ func callsTarget(f *elf.File, sym elfSym, target uint64) bool {
 		}
 	}
 	return false
-}
-
-func fileOffset(f *elf.File, vaddr uint64) (uint64, error) {
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && vaddr >= p.Vaddr && vaddr < p.Vaddr+p.Filesz {
-			return vaddr - p.Vaddr + p.Off, nil
-		}
-	}
-	return 0, fmt.Errorf("address %#x is in no executable segment", vaddr)
-}
-
-func readVaddr(f *elf.File, vaddr uint64, n int) ([]byte, error) {
-	for _, p := range f.Progs {
-		if p.Type != elf.PT_LOAD || vaddr < p.Vaddr || vaddr >= p.Vaddr+p.Filesz {
-			continue
-		}
-		if rest := p.Vaddr + p.Filesz - vaddr; uint64(n) > rest {
-			n = int(rest)
-		}
-		b := make([]byte, n)
-		if _, err := p.ReadAt(b, int64(vaddr-p.Vaddr)); err != nil {
-			return nil, err
-		}
-		return b, nil
-	}
-	return nil, fmt.Errorf("address %#x is in no loaded segment", vaddr)
 }

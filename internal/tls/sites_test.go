@@ -4,6 +4,8 @@ import (
 	"debug/elf"
 	"os"
 	"testing"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 const debianLibSSL = "/usr/lib/x86_64-linux-gnu/libssl.so.3"
@@ -41,7 +43,7 @@ func TestFindSitesDebianLibSSL(t *testing.T) {
 		if _, err := f.Section(".text").ReadAt(code, int64(site.Offset-f.Section(".text").Offset)); err != nil {
 			t.Fatal(err)
 		}
-		if !isEmulated(code) || code[0] == 0xe8 {
+		if !probesite.IsEmulated(code) || code[0] == 0xe8 {
 			t.Errorf("%s: probed bytes % x, want a push", site.Symbol, code)
 		}
 	}
@@ -54,29 +56,6 @@ func TestFindSitesNoOpenSSL(t *testing.T) {
 	}
 	if _, err := FindSites(exe); !IsNoOpenSSL(err) {
 		t.Errorf("FindSites(test binary) = %v, want no OpenSSL", err)
-	}
-}
-
-func TestIsEmulated(t *testing.T) {
-	for _, c := range []struct {
-		code []byte
-		want bool
-	}{
-		{[]byte{0x55}, true},                          // push %rbp
-		{[]byte{0x41, 0x57}, true},                    // push %r15
-		{[]byte{0xe8, 0, 0, 0, 0}, true},              // call rel32
-		{[]byte{0x74, 0x05}, true},                    // je rel8
-		{[]byte{0x0f, 0x84, 0, 0, 0, 0}, true},        // je rel32
-		{[]byte{0x48, 0x83, 0xec, 0x18}, false},       // sub $0x18,%rsp
-		{[]byte{0x48, 0x85, 0xff}, false},             // test %rdi,%rdi
-		{[]byte{0xf3, 0x0f, 0x1e, 0xfa}, false},       // endbr64
-		{[]byte{0x48, 0x8b, 0x07}, false},             // mov (%rdi),%rax
-		{[]byte{0xc3}, false},                         // ret
-		{[]byte{0x64, 0x48, 0x8b, 0x04, 0x25}, false}, // mov %fs:...,%rax
-	} {
-		if got := isEmulated(c.code); got != c.want {
-			t.Errorf("isEmulated(% x) = %v, want %v", c.code, got, c.want)
-		}
 	}
 }
 
