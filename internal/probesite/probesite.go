@@ -37,43 +37,66 @@ func Entry(f *elf.File, vaddr uint64) (off uint64, cheap bool, err error) {
 	return off, IsEmulated(code), nil
 }
 
-// How far Return looks for an emulated instruction: instructions, bytes.
-const (
-	maxPrefix      = 16
-	maxPrefixBytes = 96
-)
+// How many instructions Return walks looking for an emulated one.
+const maxPrefix = 16
 
-// Return is where a return probe on the function at vaddr goes, as an offset
-// from vaddr, and whether the instruction there is emulated.
+// Return is where a return probe on the function at vaddr, size bytes long,
+// goes, as an offset from vaddr, and whether the instruction there is
+// emulated.
 //
 // A return probe takes the return address from the top of the stack when it
-// is hit, so it can sit on any instruction that every call executes while
-// the stack is still as the call left it. Return walks the function's
-// straight-line start (no branch, nothing that moves or addresses %rsp) and
-// takes its first emulated instruction: every call passes it, at the
-// function's own stack depth. CPython 3.14's PyContext_CopyCurrent, for
-// one, starts `endbr64; mov %fs:..,%rdx; mov ..,%rax; test %rax,%rax; je`:
-// the je is emulated. When the start holds none, the answer is Entry's.
-//
-// size bounds the walk when it is known (the symbol's size); 0 means
-// unknown, and the walk still stops at the first branch.
+// is hit, so it can sit on any instruction that every call executes once,
+// while the stack is still as the call left it. Return walks the function's
+// straight-line start (no branch, nothing that moves, reads or addresses
+// %rsp) and takes its first emulated instruction, provided no branch of the
+// function leads back to it or before it (a second hit in one call would
+// run the program twice for one return). CPython 3.14's
+// PyContext_CopyCurrent, for one, starts `endbr64; mov %fs:..,%rdx;
+// mov ..,%rax; test %rax,%rax; je`: the je is emulated. When the start holds
+// none, or size is not known (0), the answer is Entry's.
 func Return(f *elf.File, vaddr, size uint64) (off uint64, cheap bool, err error) {
 	off, cheap, err = Entry(f, vaddr)
-	if err != nil || cheap || f.Machine != elf.EM_X86_64 {
+	if err != nil || cheap || f.Machine != elf.EM_X86_64 || size == 0 || size > maxFunc {
 		return off, cheap, err
 	}
-	n := uint64(maxPrefixBytes)
-	if size != 0 && size < n {
-		n = size
-	}
-	code, err := ReadVaddr(f, vaddr, int(n))
-	if err != nil {
+	code, err := ReadVaddr(f, vaddr, int(size))
+	if err != nil || uint64(len(code)) != size {
 		return off, false, nil
 	}
-	if at, ok := straightLineSite(code, off); ok {
+	if at, ok := straightLineSite(code, off); ok && !branchesTo(code, at) {
 		return at, true, nil
 	}
 	return off, false, nil
+}
+
+// maxFunc bounds the functions Return decodes whole.
+const maxFunc = 64 << 10
+
+// branchesTo reports whether some relative branch or call in code (a whole
+// function, decoded from its first byte) targets an offset at or below
+// site, or whether code cannot be decoded to its end (then nothing is
+// known, so the answer is yes).
+func branchesTo(code []byte, site uint64) bool {
+	for pc := uint64(0); pc < uint64(len(code)); {
+		if IsEndbr64(code[pc:]) {
+			pc += 4
+			continue
+		}
+		inst, err := x86asm.Decode(code[pc:], 64)
+		if err != nil || inst.Len == 0 {
+			return true
+		}
+		next := pc + uint64(inst.Len)
+		for _, a := range inst.Args {
+			if rel, ok := a.(x86asm.Rel); ok {
+				if t := int64(next) + int64(rel); t >= 0 && uint64(t) <= site {
+					return true
+				}
+			}
+		}
+		pc = next
+	}
+	return false
 }
 
 // straightLineSite walks code (a function's first bytes) from offset at and

@@ -18,6 +18,8 @@ func TestIsEmulated(t *testing.T) {
 		{[]byte{0x74, 0x05}, true},                    // je rel8
 		{[]byte{0x0f, 0x84, 0, 0, 0, 0}, true},        // je rel32
 		{[]byte{0x66, 0xe9, 0, 0}, false},             // jmpw: single-stepped
+		{[]byte{0x48, 0x50}, false},                   // REX.W push: the kernel emulates only 41 50+r
+		{[]byte{0x40, 0x55}, false},                   // REX push
 		{[]byte{0x48, 0x83, 0xec, 0x18}, false},       // sub $0x18,%rsp
 		{[]byte{0x48, 0x85, 0xff}, false},             // test %rdi,%rdi
 		{[]byte{0xf3, 0x0f, 0x1e, 0xfa}, false},       // endbr64
@@ -56,17 +58,59 @@ func TestStraightLineSite(t *testing.T) {
 		// CPython 3.14's PyContext_CopyCurrent (Debian sid).
 		{"py3.14 CopyCurrent", cat(endbr, movFS, movD0, test, je), 4 + 9 + 7 + 3, true},
 		{"push first", cat(endbr, []byte{0x53}), 4, true},
+		// Each of these comes before an emulated je, which must not be
+		// taken: they move, read or address %rsp (some implicitly), or
+		// branch.
 		{"sub rsp first", cat(endbr, []byte{0x48, 0x83, 0xec, 0x18}, je), 0, false},
 		{"write to the stack", cat(endbr, []byte{0x48, 0x89, 0x04, 0x24}, je), 0, false}, // mov %rax,(%rsp)
 		{"read rsp", cat(endbr, []byte{0x48, 0x89, 0xe0}, je), 0, false},                 // mov %rsp,%rax
-		{"ret first", cat(endbr, []byte{0xc3}), 0, false},
-		{"indirect jump", cat(endbr, []byte{0xff, 0xe0}), 0, false}, // jmp *%rax
+		{"read esp", cat(endbr, []byte{0x89, 0xe0}, je), 0, false},                       // mov %esp,%eax
+		{"address esp", cat(endbr, []byte{0x67, 0x8b, 0x04, 0x24}, je), 0, false},        // mov (%esp),%eax
+		{"ret first", cat(endbr, []byte{0xc3}, je), 0, false},
+		{"pop first", cat(endbr, []byte{0x5b}, je), 0, false},           // pop %rbx
+		{"leave first", cat(endbr, []byte{0xc9}, je), 0, false},         // leave
+		{"indirect call", cat(endbr, []byte{0xff, 0xd0}, je), 0, false}, // call *%rax
+		{"indirect jump", cat(endbr, []byte{0xff, 0xe0}, je), 0, false}, // jmp *%rax
+		{"ud2", cat(endbr, []byte{0x0f, 0x0b}, je), 0, false},
+		{"undecodable", cat(endbr, []byte{0x06}, je), 0, false},                // push %es: invalid in 64-bit mode
+		{"rex push is not emulated", cat(endbr, []byte{0x48, 0x50}), 0, false}, // push %rax with REX.W: single-stepped, and it moves %rsp
 		{"runs out", cat(endbr, movFS, movD0), 0, false},
-		{"undecodable", cat(endbr, []byte{0x0f, 0x0b}), 0, false}, // ud2
 	} {
 		at, ok := straightLineSite(c.code, 4)
 		if at != c.at || ok != c.ok {
 			t.Errorf("%s: site %d, %v; want %d, %v", c.name, at, ok, c.at, c.ok)
+		}
+	}
+}
+
+// A site some branch of the function leads back to (a loop head, a jump to
+// the entry) would be hit twice in one call.
+func TestBranchesTo(t *testing.T) {
+	endbr := []byte{0xf3, 0x0f, 0x1e, 0xfa}
+	cat := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return b
+	}
+	test := []byte{0x48, 0x85, 0xc0} // test %rax,%rax
+	je := []byte{0x74, 0x02}         // je +2 (over the next jmp)
+	for _, c := range []struct {
+		name string
+		code []byte
+		want bool
+	}{
+		// endbr64; test; je +2; jmp <elsewhere>; ret
+		{"forward only", cat(endbr, test, je, []byte{0xeb, 0x01}, []byte{0xc3}), false},
+		// endbr64; test; je +2; jmp back to the je (offset 7); ret
+		{"back to the site", cat(endbr, test, je, []byte{0xeb, 0xfb}, []byte{0xc3}), true},
+		// endbr64; test; je +2; jmp back to the entry; ret
+		{"back to the entry", cat(endbr, test, je, []byte{0xeb, 0xf5}, []byte{0xc3}), true},
+		{"undecodable tail", cat(endbr, test, je, []byte{0x06}), true}, // push %es: invalid in 64-bit mode
+	} {
+		if got := branchesTo(c.code, 7); got != c.want {
+			t.Errorf("%s: branchesTo = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

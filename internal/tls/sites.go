@@ -194,7 +194,7 @@ func entryOffset(f *elf.File, vaddr uint64) (uint64, bool, error) {
 // only %rsp before the call). Returns the call's target.
 func wrapperCallTarget(f *elf.File, vaddr uint64) (uint64, bool) {
 	code, err := probesite.ReadVaddr(f, vaddr, 16)
-	if err != nil {
+	if err != nil || len(code) < 16 { // a segment's last bytes hold no such wrapper
 		return 0, false
 	}
 	i := 0
