@@ -33,18 +33,21 @@ func TestIsEmulated(t *testing.T) {
 	}
 }
 
+var endbr = []byte{0xf3, 0x0f, 0x1e, 0xfa}
+
+// cat joins instruction bytes into one function body.
+func cat(parts ...[]byte) []byte {
+	var b []byte
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b
+}
+
 // The return-probe site is the first emulated instruction of the
 // straight-line start, and nothing that moves, reads or addresses %rsp,
 // and no branch, may come before it.
 func TestStraightLineSite(t *testing.T) {
-	endbr := []byte{0xf3, 0x0f, 0x1e, 0xfa}
-	cat := func(parts ...[]byte) []byte {
-		var b []byte
-		for _, p := range parts {
-			b = append(b, p...)
-		}
-		return b
-	}
 	movFS := []byte{0x64, 0x48, 0x8b, 0x14, 0x25, 0xe8, 0xff, 0xff, 0xff} // mov %fs:-0x18,%rdx
 	movD0 := []byte{0x48, 0x8b, 0x82, 0xd0, 0x00, 0x00, 0x00}             // mov 0xd0(%rdx),%rax
 	test := []byte{0x48, 0x85, 0xc0}                                      // test %rax,%rax
@@ -86,14 +89,6 @@ func TestStraightLineSite(t *testing.T) {
 // A site some branch of the function leads back to (a loop head, a jump to
 // the entry) would be hit twice in one call.
 func TestBranchesTo(t *testing.T) {
-	endbr := []byte{0xf3, 0x0f, 0x1e, 0xfa}
-	cat := func(parts ...[]byte) []byte {
-		var b []byte
-		for _, p := range parts {
-			b = append(b, p...)
-		}
-		return b
-	}
 	test := []byte{0x48, 0x85, 0xc0} // test %rax,%rax
 	je := []byte{0x74, 0x02}         // je +2 (over the next jmp)
 	for _, c := range []struct {
