@@ -56,7 +56,7 @@ const maxPrefix = 16
 // none, or size is not known (0), the answer is Entry's.
 func Return(f *elf.File, vaddr, size uint64) (off uint64, cheap bool, err error) {
 	off, cheap, err = Entry(f, vaddr)
-	if err != nil || cheap || f.Machine != elf.EM_X86_64 || size == 0 || size > maxFunc {
+	if err != nil || cheap || size == 0 || size > maxFunc { // Entry is cheap off x86-64
 		return off, cheap, err
 	}
 	code, err := ReadVaddr(f, vaddr, int(size))

@@ -102,7 +102,9 @@ func (in *Interpreter) attachContextNew(ex *link.Executable, copyRet *ebpf.Progr
 	}
 	defer f.Close()
 	vaddr := addr - in.Bias
-	off, cheap, err := probesite.Return(f, vaddr, 0)
+	// Its size is not known (static, not in .dynsym), so the probe stays at
+	// the entry (probesite.Return would answer the same without a size).
+	off, cheap, err := probesite.Entry(f, vaddr)
 	if err != nil {
 		return nil, fmt.Errorf("PyContext_Type.tp_new %#x: %w", vaddr, err)
 	}
