@@ -77,11 +77,21 @@ func rootCmd(t *testing.T, root, python, script string, args ...string) *exec.Cm
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := filepath.Join(root, "tmp", filepath.Base(script))
+	// A directory of its own for every process: rewriting one shared
+	// /tmp/<script> in place truncated it under a process of the same test
+	// that was still reading it, which then ran an empty script and exited
+	// at once ("exited before listening", with no output).
+	dir, err := os.MkdirTemp(filepath.Join(root, "tmp"), "gymtrace-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	dst := filepath.Join(dir, filepath.Base(script))
 	if err := os.WriteFile(dst, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return dieWithTest(exec.Command("chroot", append([]string{root, python, "/tmp/" + filepath.Base(script)}, args...)...))
+	inRoot := "/tmp/" + filepath.Base(dir) + "/" + filepath.Base(script)
+	return dieWithTest(exec.Command("chroot", append([]string{root, python, inRoot}, args...)...))
 }
 
 // dieWithTest kills the child if the test binary dies first (a killed
