@@ -33,4 +33,5 @@ enum gt_config_flag gt_contract_cfg_flag __attribute__((unused));
 enum gt_inject_stat gt_contract_inject_stat __attribute__((unused));
 enum gt_inject_cfg_flag gt_contract_inject_cfg __attribute__((unused));
 enum gt_prof_section gt_contract_prof __attribute__((unused));
+enum gt_py_status gt_contract_py_status __attribute__((unused));
 struct gt_trace_ctx gt_contract_trace_ctx __attribute__((unused));

@@ -40,6 +40,13 @@ func (t *agent) metricSources() metrics.Sources {
 			injectCounters(t.inj, out)
 			return out
 		},
+		PythonContext: func() map[string]uint64 {
+			st, err := t.kern.PyStats()
+			if err != nil {
+				return nil
+			}
+			return st
+		},
 		SpansBuilt: func() map[string]uint64 {
 			st := t.spans.Builder().Stats()
 			out := map[string]uint64{}

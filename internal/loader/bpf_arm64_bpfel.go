@@ -343,6 +343,26 @@ type bpfGtPySpawner struct {
 	Fd     int32
 }
 
+type bpfGtPyStatus uint32
+
+const (
+	bpfGtPyStatusGT_PY_OK          bpfGtPyStatus = 0
+	bpfGtPyStatusGT_PY_NOT_PYTHON  bpfGtPyStatus = 1
+	bpfGtPyStatusGT_PY_NO_THREAD   bpfGtPyStatus = 2
+	bpfGtPyStatusGT_PY_NO_CONTEXT  bpfGtPyStatus = 3
+	bpfGtPyStatusGT_PY_BAD_CONTEXT bpfGtPyStatus = 4
+	bpfGtPyStatusGT_PY_READ_ERROR  bpfGtPyStatus = 5
+	bpfGtPyStatusGT_PY_WALKED      bpfGtPyStatus = 6
+	bpfGtPyStatusGT_PY_LINKED      bpfGtPyStatus = 7
+	bpfGtPyStatusGT_PY_ROOTED      bpfGtPyStatus = 8
+	bpfGtPyStatusGT_PY_SPAWNERS    bpfGtPyStatus = 9
+	bpfGtPyStatusGT_PY_ROOTED_READ bpfGtPyStatus = 10
+	bpfGtPyStatusGT_PY_UV_WRITES   bpfGtPyStatus = 11
+	bpfGtPyStatusGT_PY_UV_TAKEN    bpfGtPyStatus = 12
+	bpfGtPyStatusGT_PY_UV_SKIPPED  bpfGtPyStatus = 13
+	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 14
+)
+
 type bpfGtPyThread struct {
 	_        structs.HostLayout
 	Tstate   uint64
@@ -723,6 +743,7 @@ const (
 	bpfVarGtContractProcEvent   = "gt_contract_proc_event"
 	bpfVarGtContractProf        = "gt_contract_prof"
 	bpfVarGtContractProvider    = "gt_contract_provider"
+	bpfVarGtContractPyStatus    = "gt_contract_py_status"
 	bpfVarGtContractRole        = "gt_contract_role"
 	bpfVarGtContractSide        = "gt_contract_side"
 	bpfVarGtContractStat        = "gt_contract_stat"
@@ -855,6 +876,7 @@ type bpfVariableSpecs struct {
 	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
 	GtContractProf       *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
+	GtContractPyStatus   *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
 	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
 	GtContractStat       *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
@@ -972,6 +994,7 @@ type bpfVariables struct {
 	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
 	GtContractProf       *ebpf.Variable `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
+	GtContractPyStatus   *ebpf.Variable `ebpf:"gt_contract_py_status"`
 	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
 	GtContractStat       *ebpf.Variable `ebpf:"gt_contract_stat"`

@@ -50,3 +50,19 @@ func TestContractBits(t *testing.T) {
 		t.Errorf("CfgReward = %#x overlaps another config flag", CfgReward)
 	}
 }
+
+// Every gt_py_stats slot has its own name: a counter added to enum
+// gt_py_status must be named for gymtrace_python_context_total.
+func TestPyStatNames(t *testing.T) {
+	seen := map[string]bool{}
+	for i := uint32(0); i < pyStatMax; i++ {
+		n := pyStatNames[i]
+		if n == "" || seen[n] {
+			t.Errorf("gt_py_stats slot %d has no name of its own (%q)", i, n)
+		}
+		seen[n] = true
+	}
+	if len(pyStatNames) != int(pyStatMax) {
+		t.Errorf("%d names for %d slots", len(pyStatNames), pyStatMax)
+	}
+}

@@ -65,6 +65,10 @@ type Sources struct {
 	// KernelCounters are other kernel statistics by reason: not_http,
 	// parse_error, resync, ...
 	KernelCounters func() map[string]uint64
+	// PythonContext are the kernel's asyncio context counters by event:
+	// outcomes of context reads (ok, no_thread, ...) and what the probes
+	// did (linked, rooted, rooted_read, spawners, uv_writes, ...).
+	PythonContext func() map[string]uint64
 	// SpansBuilt counts spans made in userspace per group.
 	SpansBuilt func() map[string]uint64
 	// ParentUnresolved counts spans whose parent could not be joined.
@@ -236,6 +240,10 @@ var (
 		"Records read from the kernel's ring buffer (HTTP messages and process events).", nil, nil)
 	descKernel = prometheus.NewDesc("gymtrace_kernel_events_total",
 		"Other kernel-side counters by reason (not_http, parse_error, resync, ...).", []string{"reason"}, nil)
+	descPython = prometheus.NewDesc("gymtrace_python_context_total",
+		"Kernel asyncio-context work in traced Python processes, by event: context reads at syscalls (ok, not_python, no_thread, "+
+			"no_context, bad_context, read_error, walked), the context-copy probe (linked; rooted and rooted_read: request handlers bound "+
+			"by the spawner and read rules; spawners), and uvloop's write probe (uv_writes, uv_taken, uv_skipped).", []string{"event"}, nil)
 	descBuilt = prometheus.NewDesc("gymtrace_spans_built_total",
 		"Spans built in userspace, per span group.", []string{"group"}, nil)
 	descUnresolved = prometheus.NewDesc("gymtrace_parent_unresolved_total",
@@ -285,7 +293,7 @@ var (
 type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descBuilt,
+	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descPython, descBuilt,
 		descUnresolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject,
 		descGymProcs, descGymCapped, descRewardMissing, descGymProcsCapped, descReady} {
 		ch <- d
@@ -313,6 +321,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	perLabel(descEmitted, src.EventsEmitted)
 	perLabel(descDiscarded, src.EventsDiscarded)
 	perLabel(descKernel, src.KernelCounters)
+	perLabel(descPython, src.PythonContext)
 	perLabel(descBuilt, src.SpansBuilt)
 	counter(descRingbuf, src.RingbufReserveFailures)
 	counter(descRecords, src.RecordsRead)

@@ -19,6 +19,7 @@ func fullSources(exported *atomic.Uint64) Sources {
 		EventsDiscarded:        func() map[string]uint64 { return map[string]uint64{"verify": 3} },
 		RingbufReserveFailures: func() uint64 { return 2 },
 		KernelCounters:         func() map[string]uint64 { return map[string]uint64{"not_http": 5, "resync": 1} },
+		PythonContext:          func() map[string]uint64 { return map[string]uint64{"rooted_read": 7} },
 		SpansBuilt:             func() map[string]uint64 { return map[string]uint64{"server": 6} },
 		ParentUnresolved:       func() uint64 { return 4 },
 		Export: func() ExportStats {
@@ -52,6 +53,7 @@ func TestMetricsEndpointServesEverySeries(t *testing.T) {
 		`gymtrace_ringbuf_reserve_failures_total 2`,
 		`gymtrace_kernel_events_total{reason="not_http"} 5`,
 		`gymtrace_kernel_events_total{reason="resync"} 1`,
+		`gymtrace_python_context_total{event="rooted_read"} 7`,
 		`gymtrace_spans_built_total{group="server"} 6`,
 		`gymtrace_parent_unresolved_total 4`,
 		`gymtrace_spans_exported_total 10`,

@@ -224,3 +224,34 @@ func TestParamsLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusContract checks the Go mirror of enum gt_py_status against the
+// C enum (through the test object's BTF, compiled from the same header): the
+// same values under the same names, and none left out.
+func TestStatusContract(t *testing.T) {
+	spec, err := pytestbpf.LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *btf.Enum
+	if err := spec.Types.TypeByName("gt_py_status", &e); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, v := range e.Values {
+		if v.Name == "GT_PY_STAT_MAX" {
+			if Status(v.Value) != statMax {
+				t.Errorf("GT_PY_STAT_MAX is %d in C, statMax %d in Go", v.Value, statMax)
+			}
+			continue
+		}
+		n++
+		want := strings.ToLower(strings.TrimPrefix(v.Name, "GT_PY_"))
+		if got := Status(v.Value).String(); got != want {
+			t.Errorf("%s (%d) is %q in Go, want %q", v.Name, v.Value, got, want)
+		}
+	}
+	if n != int(statMax) {
+		t.Errorf("C has %d statuses, Go's statMax is %d", n, statMax)
+	}
+}

@@ -95,11 +95,15 @@ const (
 	StatusBadContext Status = 4
 	StatusReadError  Status = 5
 	// Counter slots of gt_py_stats that are not call outcomes.
-	StatWalked   Status = 6
-	StatLinked   Status = 7
-	StatRooted   Status = 8
-	StatSpawners Status = 9
-	statMax      Status = 10
+	StatWalked     Status = 6
+	StatLinked     Status = 7
+	StatRooted     Status = 8
+	StatSpawners   Status = 9
+	StatRootedRead Status = 10
+	StatUVWrites   Status = 11
+	StatUVTaken    Status = 12
+	StatUVSkipped  Status = 13
+	statMax        Status = 14 // checked against the C enum by TestStatusContract
 )
 
 func (s Status) String() string {
@@ -124,6 +128,14 @@ func (s Status) String() string {
 		return "rooted"
 	case StatSpawners:
 		return "spawners"
+	case StatRootedRead:
+		return "rooted_read"
+	case StatUVWrites:
+		return "uv_writes"
+	case StatUVTaken:
+		return "uv_taken"
+	case StatUVSkipped:
+		return "uv_skipped"
 	}
 	return fmt.Sprintf("status(%d)", int32(s))
 }

@@ -352,6 +352,7 @@ func runCausalityCase(t *testing.T, st *stack, truthPath string, c causalityCase
 	if len(sc.Examples) > 0 {
 		t.Logf("first findings:\n  %s", strings.Join(sc.Examples, "\n  "))
 	}
+	t.Logf("kernel asyncio context counters: %s", pyContextCounters(m))
 
 	// The truth itself must describe the collection, or the score means nothing.
 	if sc.Rollouts != c.n {
@@ -505,4 +506,18 @@ func keepCausalityFiles(t *testing.T, dir, spans, truth string, since int64) {
 		}
 	}
 	t.Logf("kept %s.{spans,truth}.jsonl (truth window starts at CLOCK_MONOTONIC %d)", base, since)
+}
+
+// pyContextCounters lists gymtrace_python_context_total by event, so that a
+// run with missing parents shows which kernel rule bound how many handlers.
+func pyContextCounters(m map[string]float64) string {
+	const prefix = `gymtrace_python_context_total{event="`
+	var parts []string
+	for k, v := range m {
+		if strings.HasPrefix(k, prefix) && v != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%.0f", strings.TrimSuffix(k[len(prefix):], `"}`), v))
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
 }
