@@ -30,6 +30,13 @@ struct gt_io {
 	// gt_inject_note: the header scan injection made for this write at its
 	// sys_enter (struct gt_scratch reuse_*), 0 if none.
 	__u64 scan_gen;
+	// Socket syscalls: the bytes it moved, and where the buffer being
+	// parsed starts among them (iovec segments): with the stream position
+	// after the syscall they date a message start (gt_stream_seq).
+	__u32 ret;
+	__u32 seg_off;
+	__u32 msg_off; // gt_step: the message start's offset among the syscall's bytes
+	__u32 _pad_io;
 };
 
 struct gt_iovec {

@@ -52,6 +52,14 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 		ev->flags |= GT_F_RESYNC;
 	if (c->fresh)
 		ev->flags |= GT_F_FRESH;
+	// Where the message starts in its TCP stream, for the exact pairing of
+	// the two ends' records (struct http_event stream_seq). Modulo 2^32, so
+	// a start whose first bytes were kept from the previous syscall
+	// (msg_off "negative") is placed right too.
+	if (c->sk && !c->tls && io->ret) {
+		ev->stream_seq = gt_stream_seq((struct sock *)c->sk, io->dir) - io->ret + io->msg_off;
+		ev->stream_ok = 1;
+	}
 	c->msg_ubuf = ubuf;
 	if (!(gt_prof_skip & 4))
 		gt_py_note(c, io);
@@ -341,6 +349,9 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 			// The request target, in this buffer (the method may have come
 			// before, in the kept partial bytes).
 			int at = (int)mlen + 1 - (int)pl;
+			// The message began pl bytes before this buffer when its first
+			// bytes were kept from the previous syscall.
+			io->msg_off = io->seg_off + off - pl;
 			r = gt_start_request(c, d, io, ubuf + off, avail, arg, at < 0 ? 0 : at);
 		}
 		else

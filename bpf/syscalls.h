@@ -68,6 +68,7 @@ static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create,
 	struct sock *sk = 0;
 	if (gt_fd_tcp_tuple(io->fd, &t->tuple, &sk)) {
 		t->kind = GT_CONN_HTTP;
+		t->sk = (__u64)sk;
 		t->fresh = sk && gt_conn_fresh(sk, io->dir, ret);
 		if (t->fresh)
 			gt_stat_add(GT_STAT_FRESH, 1);
@@ -153,6 +154,7 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	if (c->side == GT_SIDE_CLIENT && !(cfg->client_possible & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
 		return 0;
 
+	io.ret = (__u32)ret;
 	if (kind == GT_IO_PLAIN) {
 		t0 = gt_prof_begin();
 		gt_process(c, &io, a1, (__u32)ret);
@@ -185,6 +187,7 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 		__u64 left = sc->loops.iov_left;
 		__u64 seg = v.len < left ? v.len : left;
 		sc->loops.iov_left = left - seg;
+		io.seg_off = (__u32)(ret - left);
 		gt_process(c, &io, v.base, (__u32)seg);
 	}
 	return 0;

@@ -82,6 +82,10 @@ struct gt_conn {
 	__u8 served_noted; // bpf/inject.h: this server connection's process is in gt_inject_serving
 	__u8 fresh; // seen from the stream's first byte (gt_conn_fresh): requests carry GT_F_FRESH
 	__u8 _pad3[4];
+	// The connection's struct sock, read at its first syscall (gt_conn_get):
+	// its stream positions date each request start (gt_stream_seq). Only
+	// ever dereferenced through probe reads; the entry is deleted at close.
+	__u64 sk;
 	__u8 carry[GT_CARRY];
 	__u16 resp_status;
 	__u16 resp_flags;

@@ -165,6 +165,16 @@ struct http_event {
 	// unknown. See gt_py_link.req_conn.
 	__u64 cause_conn;
 	__u64 cause_seq;
+	// Requests on a TCP socket: the sequence number of the message's first
+	// byte in its direction's stream (tcp_sock write_seq or copied_seq, less
+	// what the syscall moved after it). Both ends of a connection on this
+	// node see the same number for the same request, so the two records
+	// pair exactly, in any order and on a connection picked up mid-stream
+	// (internal/spans join.go). stream_ok is 0 where the kernel could not
+	// say (TLS plaintext, no socket).
+	__u32 stream_seq;
+	__u8 stream_ok;
+	__u8 _pad_stream[3];
 	struct gt_tuple tuple;
 	// Responses with GT_F_REWARD: the number's JSON text, NUL-padded (a
 	// number has no NUL); the only body bytes that ever leave the kernel

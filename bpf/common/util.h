@@ -183,3 +183,16 @@ static __always_inline int gt_conn_fresh(struct sock *sk, int dir, long n)
 		total = BPF_CORE_READ(tp, bytes_acked) + (__u32)(BPF_CORE_READ(tp, write_seq) - BPF_CORE_READ(tp, snd_una));
 	return total + 1 >= (__u64)n && total <= (__u64)n + 1;
 }
+
+// gt_stream_seq is the TCP sequence number just past the bytes the current
+// syscall moved in direction dir (0 read: copied_seq; 1 write: write_seq),
+// read at its sys_exit. Less the syscall's byte count plus an offset, it
+// names the stream position of a byte the syscall moved: a position both
+// ends of a loopback (or otherwise untranslated) connection agree on.
+static __always_inline __u32 gt_stream_seq(struct sock *sk, int dir)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	if (dir == 0)
+		return BPF_CORE_READ(tp, copied_seq);
+	return BPF_CORE_READ(tp, write_seq);
+}

@@ -185,7 +185,9 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		PyRoot:      ev.PyRoot,
 		CauseConn:   ev.CauseConn,
 		CauseSeq:    ev.CauseSeq,
+		StreamSeq:   ev.StreamSeq,
 	}
+	x.HasStreamSeq = ev.StreamOk != 0
 	x.Local, x.Remote = Tuple(ev)
 	if ev.Flags&loader.FlagKernelTrace != 0 && ev.Flags&loader.FlagTraceparent == 0 && ev.Side == loader.SideServer {
 		copy(x.KernelTrace[:], ev.Traceparent[:16])

@@ -117,6 +117,13 @@ type Exchange struct {
 	// (server ConnID and Seq) whose handler made the call, as the kernel bound
 	// it through the asyncio context; 0 when unknown.
 	CauseConn, CauseSeq uint64
+	// StreamSeq is the TCP sequence number of the request's first byte in
+	// its direction's stream, as this end's kernel read it; HasStreamSeq
+	// says whether it did (not for TLS plaintext). The client and the
+	// server of one connection on this node read the same number for the
+	// same request: their records pair exactly (spans, join.go).
+	StreamSeq    uint32
+	HasStreamSeq bool
 
 	// Err is nil when the response completed, else why it did not (ErrConnReset,
 	// ErrClosed, ErrEvicted, ErrShutdown). A response that arrived but whose

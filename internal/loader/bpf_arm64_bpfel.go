@@ -87,6 +87,7 @@ type bpfGtConn struct {
 	ServedNoted uint8
 	Fresh       uint8
 	Pad3        [4]uint8
+	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -114,6 +115,9 @@ type bpfGtConn struct {
 		PyRoot    uint64
 		CauseConn uint64
 		CauseSeq  uint64
+		StreamSeq uint32
+		StreamOk  uint8
+		PadStream [3]uint8
 		Tuple     struct {
 			_      structs.HostLayout
 			Laddr  [16]uint8
@@ -588,6 +592,10 @@ type bpfGtTlsRetScratch struct {
 		ServerPossible uint64
 		ClientPossible uint64
 		ScanGen        uint64
+		Ret            uint32
+		SegOff         uint32
+		MsgOff         uint32
+		PadIo          uint32
 	}
 	Call bpfGtTlsCall
 }
@@ -629,6 +637,9 @@ type bpfHttpEvent struct {
 	PyRoot    uint64
 	CauseConn uint64
 	CauseSeq  uint64
+	StreamSeq uint32
+	StreamOk  uint8
+	PadStream [3]uint8
 	Tuple     struct {
 		_      structs.HostLayout
 		Laddr  [16]uint8

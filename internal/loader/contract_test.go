@@ -11,14 +11,14 @@ import (
 // sizes each kind of record travels with, so a change to them is deliberate.
 func TestRecordSizes(t *testing.T) {
 	var ev HTTPEvent
-	if HTTPEventHeadSize != 144 {
-		t.Errorf("response and close records are %d bytes, were 144", HTTPEventHeadSize)
+	if HTTPEventHeadSize != 152 {
+		t.Errorf("response and close records are %d bytes, were 152 (144 before stream_seq)", HTTPEventHeadSize)
 	}
 	if HTTPEventRewardSize != HTTPEventHeadSize+len(ev.Reward) || len(ev.Reward) != 24 {
 		t.Errorf("a response with a reward is %d bytes, want the head and the 24-byte reward", HTTPEventRewardSize)
 	}
-	if HTTPEventSize != 480 || unsafe.Offsetof(ev.Path) != uintptr(HTTPEventRewardSize) {
-		t.Errorf("request records are %d bytes (path at %d), want 480 with the path after the reward", HTTPEventSize, unsafe.Offsetof(ev.Path))
+	if HTTPEventSize != 488 || unsafe.Offsetof(ev.Path) != uintptr(HTTPEventRewardSize) {
+		t.Errorf("request records are %d bytes (path at %d), want 488 with the path after the reward", HTTPEventSize, unsafe.Offsetof(ev.Path))
 	}
 }
 

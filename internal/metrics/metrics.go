@@ -69,6 +69,10 @@ type Sources struct {
 	// outcomes of context reads (ok, no_thread, ...) and what the probes
 	// did (linked, rooted, rooted_read, spawners, uv_writes, ...).
 	PythonContext func() map[string]uint64
+	// Joins count how server requests found the client request that sent
+	// them, by how: traceparent, connection, stream, late, after_end,
+	// wait_expired (internal/spans join.go).
+	Joins func() map[string]uint64
 	// SpansBuilt counts spans made in userspace per group.
 	SpansBuilt func() map[string]uint64
 	// ParentUnresolved counts spans whose parent could not be joined.
@@ -244,6 +248,12 @@ var (
 		"Kernel asyncio-context work in traced Python processes, by event: context reads at syscalls (ok, not_python, no_thread, "+
 			"no_context, bad_context, read_error, walked), the context-copy probe (linked; rooted and rooted_read: request handlers bound "+
 			"by the spawner and read rules; spawners), and uvloop's write probe (uv_writes, uv_taken, uv_skipped).", []string{"event"}, nil)
+	descJoins = prometheus.NewDesc("gymtrace_server_joins_total",
+		"How server requests were joined to the request that sent them: traceparent (in-band), connection (a client "+
+			"request on this node, by the 4-tuple), stream (... of which paired by TCP stream position; stream_past_guard: "+
+			"pairs that order and timestamps alone would have refused, as on a connection picked up mid-stream), late (... of which "+
+			"the client's record came second), after_end (... after the server had answered), awaited (finished server "+
+			"requests kept for a client record not read yet), wait_expired (... that did not come: exported without that parent).", []string{"how"}, nil)
 	descBuilt = prometheus.NewDesc("gymtrace_spans_built_total",
 		"Spans built in userspace, per span group.", []string{"group"}, nil)
 	descUnresolved = prometheus.NewDesc("gymtrace_parent_unresolved_total",
@@ -323,6 +333,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	perLabel(descKernel, src.KernelCounters)
 	perLabel(descPython, src.PythonContext)
 	perLabel(descBuilt, src.SpansBuilt)
+	perLabel(descJoins, src.Joins)
 	counter(descRingbuf, src.RingbufReserveFailures)
 	counter(descRecords, src.RecordsRead)
 	counter(descUnresolved, src.ParentUnresolved)

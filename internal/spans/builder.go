@@ -71,6 +71,9 @@ type Stats struct {
 	ParentAmbiguous      uint64               // client requests with several candidate inbound requests: roots marked unresolved
 	ParentNoContext      uint64               // ... of which the process's asyncio context cannot be read (an unrecognised uvloop build)
 	JoinedTuple          uint64               // server spans joined to a client span on this node by connection
+	JoinedStream         uint64               // server requests paired with their client request by TCP stream position (join.go)
+	StreamPastGuard      uint64               // ... of which order and time alone would have refused the pair
+	LateExpired          uint64               // finished server requests whose client's record did not come in time: out unjoined
 	LateJoins            uint64               // ... of which the client's record arrived after the server's
 	JoinedAfterEnd       uint64               // ... of which after the server had answered (AwaitedClient)
 	AwaitedClient        uint64               // finished server requests kept for their client's record (join.go)
@@ -122,9 +125,12 @@ type Builder struct {
 	roleProcs map[uint32]*roleProc
 	injected  map[trace.SpanID]*outbound // open CLIENT spans whose id is on the wire
 	// Late joins (join.go): finished server requests waiting for their
-	// client's record, and the connections known to have a traced client.
-	late  []lateServer
-	pairs map[tupleKey]struct{}
+	// client's record, the connections known to have a traced client, and
+	// those a wait gave up on (no traced client).
+	late      []lateServer
+	watermark uint64 // the newest kernel timestamp read (noteTime)
+	pairs     map[tupleKey]struct{}
+	lonely    map[tupleKey]struct{}
 }
 
 // ReqCounts are the HTTP requests a process served and made since it was
@@ -269,6 +275,7 @@ func (b *Builder) RequestStarted(x *http.Exchange) {
 	} else {
 		c.Made++
 	}
+	b.noteTime(x.ReqEnd)
 	switch x.Side {
 	case loader.SideServer:
 		b.startServer(x)
@@ -283,6 +290,7 @@ func (b *Builder) RequestStarted(x *http.Exchange) {
 func (b *Builder) ExchangeDone(x *http.Exchange) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.noteTime(x.RespEnd)
 	b.finish(x)
 }
 

@@ -4,6 +4,7 @@ package spans
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/gymtrace/gymtrace/internal/groups"
@@ -44,26 +45,57 @@ func inOrder(c, s *http.Exchange) bool {
 	return c.ReqFlags&s.ReqFlags&loader.FlagFresh != 0
 }
 
+// byStream reports whether client request c and server request s can be
+// paired by stream position: both kernels read where the request starts in
+// the connection's TCP stream (http.Exchange.StreamSeq). Then equal positions
+// are the same request and nothing else is, whatever order the records came
+// in, however far apart the two ends' syscalls returned, and on a connection
+// picked up mid-stream. A request gymtrace injected a traceparent into is
+// longer on the wire than the client wrote it, so its client-side position is
+// off: it pairs the old way (and carries the trace in-band anyway).
+func byStream(c, s *http.Exchange) bool {
+	return c.HasStreamSeq && s.HasStreamSeq && c.ReqFlags&loader.FlagInjected == 0
+}
+
+// sentBy reports whether the oldest queued client request c can have sent
+// server request s when the stream cannot say: a client that started writing
+// after s was fully read cannot, unless both ends were followed from the
+// first byte (inOrder).
+func sentBy(c, s *http.Exchange) bool {
+	return c.ReqStart <= s.ReqEnd+joinSlack || inOrder(c, s)
+}
+
+// countStream counts a pair made by stream position, and whether order and
+// time alone would have refused it (what a loaded machine does to a
+// connection picked up mid-stream).
+func (b *Builder) countStream(c, s *http.Exchange) {
+	b.st.JoinedStream++
+	if !sentBy(c, s) {
+		b.st.StreamPastGuard++
+	}
+}
+
 func (b *Builder) joinServer(k tupleKey, in *inbound) {
 	q := b.tuples[k]
-	if q != nil {
-		for len(q.clients) > 0 {
-			c := q.clients[0]
-			// A client that started writing after this request was fully
-			// read cannot have sent it: leave it for the next request.
-			if c.x.ReqStart > in.x.ReqEnd+joinSlack && !inOrder(c.x, in.x) {
-				break
+	if q == nil {
+		q = &joinQueue{}
+		b.tuples[k] = q
+	} else {
+		for i, c := range q.clients {
+			if byStream(c.x, in.x) {
+				if c.x.StreamSeq != in.x.StreamSeq {
+					continue // another request on the connection
+				}
+				b.countStream(c.x, in.x)
+			} else if i > 0 || !sentBy(c.x, in.x) {
+				break // leave it for the next request
 			}
-			q.clients[0] = nil
-			q.clients = q.clients[1:]
+			q.clients = slices.Delete(q.clients, i, i+1)
 			c.queued = false
 			in.via = c
 			b.dropEmpty(k, q)
 			return
 		}
-	} else {
-		q = &joinQueue{}
-		b.tuples[k] = q
 	}
 	in.waiting = true
 	q.servers = append(q.servers, in)
@@ -72,25 +104,34 @@ func (b *Builder) joinServer(k tupleKey, in *inbound) {
 func (b *Builder) joinClient(k tupleKey, out *outbound) {
 	b.notePair(k)
 	q := b.tuples[k]
-	if q != nil {
-		for len(q.servers) > 0 {
-			s := q.servers[0]
-			q.servers[0] = nil
-			q.servers = q.servers[1:]
-			s.waiting = false
-			// A server request fully read before this client began writing
-			// was sent by an earlier, unseen client request.
-			if s.x.ReqEnd+joinSlack < out.x.ReqStart && !inOrder(out.x, s.x) {
+	if q == nil {
+		q = &joinQueue{}
+		b.tuples[k] = q
+	} else {
+		for i := 0; i < len(q.servers); {
+			s := q.servers[i]
+			if byStream(out.x, s.x) {
+				if out.x.StreamSeq != s.x.StreamSeq {
+					i++
+					continue
+				}
+				b.countStream(out.x, s.x)
+			} else if i > 0 {
+				break
+			} else if !sentBy(out.x, s.x) {
+				// Fully read before this client began writing: sent by an
+				// earlier, unseen client request.
+				q.servers = slices.Delete(q.servers, 0, 1)
+				s.waiting = false
 				b.emitLate(s)
 				continue
 			}
+			q.servers = slices.Delete(q.servers, i, i+1)
+			s.waiting = false
 			b.lateJoin(s, out)
 			b.dropEmpty(k, q)
 			return
 		}
-	} else {
-		q = &joinQueue{}
-		b.tuples[k] = q
 	}
 	out.queued = true
 	q.clients = append(q.clients, out)
@@ -146,18 +187,37 @@ func removeFrom[T comparable](s []T, v T) []T {
 // sent it arrives: the client's program took its timestamp first but
 // reserved its record last (its vCPU was preempted, or an interrupt ran),
 // while the server read, answered and wrote on the other CPU. On a connection
-// whose client is traced here (a client record was seen on it before, or it
-// is a new loopback connection), the finished request waits for that record,
-// at most lateJoinGrace, before its spans go out unjoined.
+// whose client is traced here (a client record was seen on it before), or
+// may be (a loopback connection no wait on has yet given up on: new, or
+// picked up mid-stream when gymtrace attached to a running stack), the
+// finished request waits for that record, at most lateJoinGrace, before its
+// spans go out unjoined. A wait that gives up marks the connection lonely:
+// its client is not traced, and its later requests do not wait.
+//
+// The grace is kernel time, not the agent's: a wait ends once the agent has
+// read records stamped lateJoinGrace after the server's answer. The client's
+// record was reserved by a program that began before that answer, so it is
+// in the ring ahead of those; an agent descheduled on a loaded machine then
+// gives up on nothing it has not read yet. Without newer records (a quiet
+// node) a wait ends after lateIdleGrace of the agent's time.
 const (
 	lateJoinGrace  = uint64(100 * time.Millisecond)
+	lateIdleGrace  = uint64(200 * time.Millisecond)
 	maxLateServers = 4096
 	maxPairs       = 1 << 16
 )
 
 type lateServer struct {
 	in       *inbound
-	deadline uint64
+	deadline uint64 // kernel time: the server's answer plus lateJoinGrace
+	since    uint64 // agent time the wait began
+}
+
+// noteTime advances the newest kernel timestamp read so far (expireLate).
+func (b *Builder) noteTime(t uint64) {
+	if t > b.watermark {
+		b.watermark = t
+	}
 }
 
 // notePair records that connection k has a traced client on this node.
@@ -166,6 +226,14 @@ func (b *Builder) notePair(k tupleKey) {
 		b.pairs = make(map[tupleKey]struct{}) // forget old connections wholesale: the cost is a missed wait
 	}
 	b.pairs[k] = struct{}{}
+}
+
+// noteLonely records that a wait on connection k gave up: no traced client.
+func (b *Builder) noteLonely(k tupleKey) {
+	if b.lonely == nil || len(b.lonely) >= maxPairs {
+		b.lonely = make(map[tupleKey]struct{}) // forget wholesale: the cost is one more wait per connection
+	}
+	b.lonely[k] = struct{}{}
 }
 
 // awaitClient keeps finished server request in (still in its connection's
@@ -177,11 +245,16 @@ func (b *Builder) awaitClient(in *inbound) bool {
 		return false
 	}
 	if _, paired := b.pairs[k]; !paired {
-		// No client record on this connection yet. A new loopback
-		// connection's first request waits too: its client is on this
-		// node, and may be traced (an untraced one costs this span the
-		// grace in latency, once per connection).
-		if in.x.ReqFlags&loader.FlagFresh == 0 || !in.x.Remote.Addr().Unmap().IsLoopback() {
+		// No client record on this connection yet. On loopback the client
+		// is on this node, and may be traced: the request waits unless a
+		// wait on this connection gave up before (an untraced client costs
+		// one span the grace in latency, once per connection). It must be
+		// able to pair late: a connection followed from its first byte, or
+		// a request whose stream position the kernel read (picked up
+		// mid-stream, the order of the two ends' requests is unknown).
+		_, lonely := b.lonely[k]
+		if lonely || !in.x.Remote.Addr().Unmap().IsLoopback() ||
+			in.x.ReqFlags&loader.FlagFresh == 0 && !in.x.HasStreamSeq {
 			return false
 		}
 	}
@@ -192,7 +265,7 @@ func (b *Builder) awaitClient(in *inbound) bool {
 		b.expireLate(0, maxLateServers/2) // the oldest half out unjoined: bounded memory
 	}
 	in.done = true
-	b.late = append(b.late, lateServer{in: in, deadline: b.opt.Clock.NowMono() + lateJoinGrace})
+	b.late = append(b.late, lateServer{in: in, deadline: in.x.RespEnd + lateJoinGrace, since: b.opt.Clock.NowMono()})
 	b.st.AwaitedClient++
 	return true
 }
@@ -207,12 +280,12 @@ func (b *Builder) emitLate(in *inbound) {
 	b.emitServer(in)
 }
 
-// expireLate gives up on the waits past their deadline, and on the oldest
-// force ones whatever their deadline: the spans go out unjoined, and leave
-// their connection's queue.
+// expireLate gives up on the waits past their deadline (agent time now),
+// and on the oldest force ones whatever their deadline: the spans go out
+// unjoined, and leave their connection's queue.
 func (b *Builder) expireLate(now uint64, force int) {
 	n := 0
-	for n < len(b.late) && (b.late[n].deadline <= now || n < force) {
+	for n < len(b.late) && (n < force || b.late[n].deadline <= b.watermark || now-b.late[n].since >= lateIdleGrace) {
 		in := b.late[n].in
 		b.late[n] = lateServer{}
 		n++
@@ -224,6 +297,10 @@ func (b *Builder) expireLate(now uint64, force int) {
 			q.servers = removeFrom(q.servers, in)
 			b.dropEmpty(k, q)
 		}
+		if _, paired := b.pairs[k]; !paired {
+			b.noteLonely(k)
+		}
+		b.st.LateExpired++
 		b.emitLate(in)
 	}
 	b.late = b.late[n:]

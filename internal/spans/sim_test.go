@@ -416,3 +416,9 @@ func noAttr(t testing.TB, sp Span, key string) {
 		t.Errorf("%s: unexpected attribute %s = %v", desc(sp), key, v.v)
 	}
 }
+
+// withStream gives the request the TCP stream position both ends' kernels
+// read for it (loader.HTTPEvent StreamSeq).
+func withStream(pos uint32) reqOpt {
+	return func(ev *loader.HTTPEvent) { ev.StreamSeq, ev.StreamOk = pos, 1 }
+}

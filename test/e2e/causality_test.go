@@ -353,6 +353,7 @@ func runCausalityCase(t *testing.T, st *stack, truthPath string, c causalityCase
 		t.Logf("first findings:\n  %s", strings.Join(sc.Examples, "\n  "))
 	}
 	t.Logf("kernel asyncio context counters: %s", pyContextCounters(m))
+	t.Logf("server joins: %s", labelCounters(m, "gymtrace_server_joins_total", "how"))
 
 	// The truth itself must describe the collection, or the score means nothing.
 	if sc.Rollouts != c.n {
@@ -511,7 +512,12 @@ func keepCausalityFiles(t *testing.T, dir, spans, truth string, since int64) {
 // pyContextCounters lists gymtrace_python_context_total by event, so that a
 // run with missing parents shows which kernel rule bound how many handlers.
 func pyContextCounters(m map[string]float64) string {
-	const prefix = `gymtrace_python_context_total{event="`
+	return labelCounters(m, "gymtrace_python_context_total", "event")
+}
+
+// labelCounters lists one metric family's non-zero series as label=value.
+func labelCounters(m map[string]float64, family, label string) string {
+	prefix := family + "{" + label + `="`
 	var parts []string
 	for k, v := range m {
 		if strings.HasPrefix(k, prefix) && v != 0 {

@@ -72,6 +72,7 @@ type tlstestGtConn struct {
 	ServedNoted uint8
 	Fresh       uint8
 	Pad3        [4]uint8
+	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
 	RespFlags   uint16
@@ -99,6 +100,9 @@ type tlstestGtConn struct {
 		PyRoot    uint64
 		CauseConn uint64
 		CauseSeq  uint64
+		StreamSeq uint32
+		StreamOk  uint8
+		PadStream [3]uint8
 		Tuple     struct {
 			_      structs.HostLayout
 			Laddr  [16]uint8
@@ -396,6 +400,10 @@ type tlstestGtTlsRetScratch struct {
 		ServerPossible uint64
 		ClientPossible uint64
 		ScanGen        uint64
+		Ret            uint32
+		SegOff         uint32
+		MsgOff         uint32
+		PadIo          uint32
 	}
 	Call tlstestGtTlsCall
 }
@@ -423,6 +431,9 @@ type tlstestHttpEvent struct {
 	PyRoot    uint64
 	CauseConn uint64
 	CauseSeq  uint64
+	StreamSeq uint32
+	StreamOk  uint8
+	PadStream [3]uint8
 	Tuple     struct {
 		_      structs.HostLayout
 		Laddr  [16]uint8
