@@ -460,12 +460,12 @@ func TestHeadAndContinue(t *testing.T) {
 	}
 }
 
-func TestRequestStartSplitAcrossReads(t *testing.T) {
-	// Go's net/http server reads one byte ahead after each request, so the
-	// next request's first byte arrives alone.
-	r := newRig(t, allGroups)
-	addr := server(t, func(c net.Conn) {
-		for i := 0; i < 2; i++ {
+// readAheadServer serves the requests of one connection as Go's net/http
+// server reads them: one byte ahead after each request, so the next
+// request's first byte arrives alone. It answers each with resp.
+func readAheadServer(t *testing.T, resp string) string {
+	return server(t, func(c net.Conn) {
+		for {
 			one := make([]byte, 1)
 			if _, err := io.ReadFull(c, one); err != nil {
 				return
@@ -474,9 +474,14 @@ func TestRequestStartSplitAcrossReads(t *testing.T) {
 			if _, err := readRequest(br); err != nil {
 				return
 			}
-			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+			writeAll(t, c, resp)
 		}
 	})
+}
+
+func TestRequestStartSplitAcrossReads(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := readAheadServer(t, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

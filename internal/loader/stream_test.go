@@ -5,7 +5,6 @@ package loader
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"testing"
@@ -20,19 +19,7 @@ import (
 // syscall), and on a 200 KiB body written in two parts.
 func TestStreamSeqSameOnBothEnds(t *testing.T) {
 	needRoot(t)
-	addr := server(t, func(c net.Conn) {
-		for {
-			one := make([]byte, 1)
-			if _, err := io.ReadFull(c, one); err != nil {
-				return
-			}
-			br := bufio.NewReader(io.MultiReader(strings.NewReader(string(one)), c))
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
+	addr := readAheadServer(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
