@@ -45,16 +45,18 @@ func inOrder(c, s *http.Exchange) bool {
 	return c.ReqFlags&s.ReqFlags&loader.FlagFresh != 0
 }
 
-// byStream reports whether client request c and server request s can be
-// paired by stream position: both kernels read where the request starts in
-// the connection's TCP stream (http.Exchange.StreamSeq). Then equal positions
-// are the same request and nothing else is, whatever order the records came
-// in, however far apart the two ends' syscalls returned, and on a connection
-// picked up mid-stream. A request gymtrace injected a traceparent into is
-// longer on the wire than the client wrote it, so its client-side position is
-// off: it pairs the old way (and carries the trace in-band anyway).
+// byStream reports whether client request c and server request s pair by
+// stream position: both kernels read where the request starts in the
+// connection's TCP stream (http.Exchange.StreamSeq), and the connection was
+// picked up mid-stream (on one followed from its first byte on both ends,
+// queue order is exact already: inOrder). Then equal positions are the same
+// request and nothing else is, whatever order the records came in and
+// however far apart the two ends' syscalls returned. A request gymtrace
+// injected a traceparent into is longer on the wire than the client wrote it,
+// so its client-side position is off: it pairs by order and time (and
+// carries the trace in-band anyway).
 func byStream(c, s *http.Exchange) bool {
-	return c.HasStreamSeq && s.HasStreamSeq && c.ReqFlags&loader.FlagInjected == 0
+	return c.HasStreamSeq && s.HasStreamSeq && c.ReqFlags&loader.FlagInjected == 0 && !inOrder(c, s)
 }
 
 // sentBy reports whether the oldest queued client request c can have sent

@@ -65,22 +65,30 @@ func TestStreamPositionSkipsAnOrphanClient(t *testing.T) {
 	})
 }
 
-// Positions that differ never pair, whatever the timing says: the server
-// request waits for its own client (and, finished, goes out unjoined).
-func TestStreamPositionsThatDifferDoNotPair(t *testing.T) {
-	s := newSim(t, "server,http_client")
-	c := s.dial(pidAgent, pidResources, resAddr)
-	k := c.request(loader.MethodPOST, "/verify", func(ev *loader.HTTPEvent) {
-		pos := uint32(100)
-		if ev.Side == loader.SideServer {
-			pos = 200
+// On a connection picked up mid-stream, positions that differ never pair,
+// whatever the timing says: the server request waits for its own client
+// (and, finished, goes out unjoined). On one both ends followed from its
+// first byte, queue order pairs, whatever the positions say.
+func TestStreamPositionsThatDiffer(t *testing.T) {
+	for _, fresh := range []bool{false, true} {
+		s := newSim(t, "server,http_client")
+		c := s.dial(pidAgent, pidResources, resAddr)
+		k := c.request(loader.MethodPOST, "/verify", func(ev *loader.HTTPEvent) {
+			pos := uint32(100)
+			if ev.Side == loader.SideServer {
+				pos = 200
+			}
+			withStream(pos)(ev)
+			if fresh {
+				ev.Flags |= loader.FlagFresh
+			}
+		})
+		k.respond(200)
+		s.spans = append(s.spans, s.p.Flush()...)
+		want := map[bool]int{false: 0, true: 1}[fresh]
+		if joined, servers := serverJoins(s.spans); servers != 1 || joined != want {
+			t.Errorf("fresh=%v: %d of %d server spans joined, want %d of 1", fresh, joined, servers, want)
 		}
-		withStream(pos)(ev)
-	})
-	k.respond(200)
-	s.spans = append(s.spans, s.p.Flush()...)
-	if joined, servers := serverJoins(s.spans); servers != 1 || joined != 0 {
-		t.Errorf("%d of %d server spans joined, want 0 of 1", joined, servers)
 	}
 }
 
