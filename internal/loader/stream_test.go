@@ -72,3 +72,65 @@ func TestStreamSeqSameOnBothEnds(t *testing.T) {
 		}
 	}
 }
+
+// The same on a fresh connection through writev (the offset of each iovec
+// segment among the syscall's bytes) and with two requests pipelined in one
+// write (the second request's offset within the buffer).
+func TestStreamSeqVectoredAndPipelined(t *testing.T) {
+	r := newRig(t, allGroups)
+	resp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			writeAll(t, c, resp)
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	body := strings.Repeat("y", 3000)
+	head := fmt.Sprintf("POST /v HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n", len(body))
+	// A segment before the request start: the start is at an offset of the
+	// syscall's bytes that only seg_off gives.
+	pre := "GET /u HTTP/1.1\r\nHost: h\r\n\r\n"
+	if _, err := (&net.Buffers{[]byte(pre), []byte(head), []byte(body)}).WriteTo(c); err != nil {
+		t.Fatal(err)
+	}
+	pipe := "GET /p1 HTTP/1.1\r\nHost: h\r\n\r\nGET /p2 HTTP/1.1\r\nHost: h\r\n\r\n"
+	for range 2 {
+		if _, err := readRequest(br); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeAll(t, c, pipe)
+	for range 2 {
+		if _, err := readRequest(br); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths := []string{"/u", "/v", "/p1", "/p2"}
+	lens := []int{len(pre), len(head) + len(body), len(pipe) / 2}
+	srv := r.waitFor(4, onConn(c, EvRequest, SideServer))
+	cli := r.waitFor(4, onConn(c, EvRequest, SideClient))
+	if len(srv) != 4 || len(cli) != 4 {
+		t.Fatalf("%d server and %d client request records, want 4 and 4", len(srv), len(cli))
+	}
+	for i, p := range paths {
+		if path(&srv[i]) != p || path(&cli[i]) != p {
+			t.Fatalf("record %d: server %q, client %q, want %q", i, path(&srv[i]), path(&cli[i]), p)
+		}
+		if srv[i].StreamOk == 0 || cli[i].StreamOk == 0 || srv[i].StreamSeq != cli[i].StreamSeq {
+			t.Errorf("%s: server at %d (read %v), client at %d (read %v); want the same", p,
+				srv[i].StreamSeq, srv[i].StreamOk != 0, cli[i].StreamSeq, cli[i].StreamOk != 0)
+		}
+		if i > 0 && cli[i].StreamSeq-cli[i-1].StreamSeq != uint32(lens[i-1]) {
+			t.Errorf("%s starts %d bytes after %s, which is %d bytes long", p, cli[i].StreamSeq-cli[i-1].StreamSeq, paths[i-1], lens[i-1])
+		}
+	}
+}

@@ -3,6 +3,7 @@
 package spans
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -290,7 +291,9 @@ func (b *Builder) RequestStarted(x *http.Exchange) {
 func (b *Builder) ExchangeDone(x *http.Exchange) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.noteTime(x.RespEnd)
+	if !errors.Is(x.Err, http.ErrEvicted) && !errors.Is(x.Err, http.ErrShutdown) {
+		b.noteTime(x.RespEnd) // a kernel timestamp (those two ends are the agent's clock)
+	}
 	b.finish(x)
 }
 

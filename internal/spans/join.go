@@ -197,14 +197,16 @@ func removeFrom[T comparable](s []T, v T) []T {
 // its client is not traced, and its later requests do not wait.
 //
 // The grace is kernel time, not the agent's: a wait ends once the agent has
-// read records stamped lateJoinGrace after the server's answer. The client's
-// record was reserved by a program that began before that answer, so it is
-// in the ring ahead of those; an agent descheduled on a loaded machine then
-// gives up on nothing it has not read yet. Without newer records (a quiet
-// node) a wait ends after lateIdleGrace of the agent's time.
+// read records stamped lateJoinGrace after the server's answer (the client's
+// record was reserved by then unless its writer stalled that long inside
+// the syscall), so an agent that falls behind the ring on a loaded machine
+// does not give up on records it has not read yet. Without newer records (a
+// quiet node) a wait ends after lateIdleGrace of the agent's time, which is
+// also how far the agent may fall behind before a wait gives up regardless.
+// Waits are checked as records are read, and at the export tick (1 s).
 const (
 	lateJoinGrace  = uint64(100 * time.Millisecond)
-	lateIdleGrace  = uint64(200 * time.Millisecond)
+	lateIdleGrace  = uint64(time.Second)
 	maxLateServers = 4096
 	maxPairs       = 1 << 16
 )
@@ -264,7 +266,7 @@ func (b *Builder) awaitClient(in *inbound) bool {
 		return false // its name may still change with its role: not kept twice
 	}
 	if len(b.late) >= maxLateServers {
-		b.expireLate(0, maxLateServers/2) // the oldest half out unjoined: bounded memory
+		b.expireLate(b.opt.Clock.NowMono(), maxLateServers/2) // the oldest half out unjoined: bounded memory
 	}
 	in.done = true
 	b.late = append(b.late, lateServer{in: in, deadline: in.x.RespEnd + lateJoinGrace, since: b.opt.Clock.NowMono()})
@@ -287,7 +289,7 @@ func (b *Builder) emitLate(in *inbound) {
 // unjoined, and leave their connection's queue.
 func (b *Builder) expireLate(now uint64, force int) {
 	n := 0
-	for n < len(b.late) && (n < force || b.late[n].deadline <= b.watermark || now-b.late[n].since >= lateIdleGrace) {
+	for n < len(b.late) && (n < force || b.late[n].deadline <= b.watermark || now >= b.late[n].since+lateIdleGrace) {
 		in := b.late[n].in
 		b.late[n] = lateServer{}
 		n++

@@ -134,6 +134,7 @@ func TestLateClientRecordMidStream(t *testing.T) {
 // it has not read yet; a quiet node ends the wait after lateIdleGrace.
 func TestLateWaitFollowsKernelTime(t *testing.T) {
 	s := newSim(t, "server,http_client")
+	s.b.opt.Clock = stoppedClock{s.b.opt.Clock}
 	s.traced[pidAgent] = false // no client record will come
 	s.dial(pidAgent, pidResources, resAddr).request(loader.MethodPOST, "/verify", withStream(7)).respond(200)
 	if len(s.b.late) != 1 {
@@ -158,6 +159,7 @@ func TestLateWaitFollowsKernelTime(t *testing.T) {
 
 	// A quiet node: no newer record, the agent's clock ends it.
 	q := newSim(t, "server,http_client")
+	q.b.opt.Clock = stoppedClock{q.b.opt.Clock}
 	q.traced[pidAgent] = false
 	q.dial(pidAgent, pidResources, resAddr).request(loader.MethodPOST, "/verify", withStream(7)).respond(200)
 	q.b.mu.Lock()
@@ -168,3 +170,22 @@ func TestLateWaitFollowsKernelTime(t *testing.T) {
 		t.Error("a wait on a quiet node outlived lateIdleGrace")
 	}
 }
+
+// The waits are bounded: past maxLateServers the oldest half goes out
+// unjoined, and only that half.
+func TestLateWaitsBounded(t *testing.T) {
+	s := newSim(t, "server")
+	s.b.opt.Clock = stoppedClock{s.b.opt.Clock} // no wait ends on the agent's clock mid-test
+	s.traced[pidAgent] = false
+	for range maxLateServers + 1 {
+		s.dial(pidAgent, pidResources, resAddr).request(loader.MethodPOST, "/verify", withStream(7)).respond(200)
+	}
+	if st := s.b.Stats(); st.LateExpired != maxLateServers/2 || len(s.b.late) != maxLateServers/2+1 {
+		t.Errorf("expired %d, still waiting %d; want %d and %d", st.LateExpired, len(s.b.late), maxLateServers/2, maxLateServers/2+1)
+	}
+}
+
+// stoppedClock is a Clock whose NowMono stands still.
+type stoppedClock struct{ Clock }
+
+func (stoppedClock) NowMono() uint64 { return uint64(time.Hour) }
