@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/gymtrace/gymtrace/internal/loader"
 )
 
@@ -43,14 +41,7 @@ func TestJoinWhenTheWriterReturnsLate(t *testing.T) {
 		}
 		c.request(loader.MethodPOST, "/get_weather", opts...).respond(200)
 		c.request(loader.MethodPOST, "/verify", opts...).respond(200)
-		joined := 0
-		for _, sp := range s.spans {
-			if sp.Kind == trace.SpanKindServer {
-				if p := findByID(s.spans, sp.Parent); p != nil && p.Kind == trace.SpanKindClient {
-					joined++
-				}
-			}
-		}
+		joined, _ := serverJoins(s.spans)
 		if want := map[bool]int{true: 2, false: 0}[fresh]; joined != want {
 			t.Errorf("fresh=%v: %d of 2 server spans joined to their client span, want %d", fresh, joined, want)
 		}
@@ -186,15 +177,7 @@ func TestClientRecordAfterServerAnswered(t *testing.T) {
 	c.request(loader.MethodPOST, "/verify").respond(200)
 	c.request(loader.MethodPOST, "/get_weather").respond(200)
 	s.spans = append(s.spans, s.p.Flush()...)
-	joined, servers := 0, 0
-	for _, sp := range s.spans {
-		if sp.Kind == trace.SpanKindServer {
-			servers++
-			if p := findByID(s.spans, sp.Parent); p != nil && p.Kind == trace.SpanKindClient {
-				joined++
-			}
-		}
-	}
+	joined, servers := serverJoins(s.spans)
 	if servers != 3 || joined != 3 {
 		t.Errorf("%d of %d server spans joined to their client span, want 3 of 3", joined, servers)
 	}
