@@ -37,7 +37,14 @@ static __always_inline int gt_py_note_ctx(struct gt_conn *c, struct gt_io *io, i
 	} else if (is_req) {
 		c->req.py_ctx = ps->ctx;
 		c->req.py_root = ps->root;
-		gt_py_cause(ps->root, &c->req.cause_conn, &c->req.cause_seq);
+		if (ps->cause_ok) {
+			// The context's own link carries its root's request: one
+			// lookup less than asking the root's link.
+			c->req.cause_conn = ps->cause_conn;
+			c->req.cause_seq = ps->cause_seq;
+		} else {
+			gt_py_cause(ps->root, &c->req.cause_conn, &c->req.cause_seq);
+		}
 	}
 	return 0;
 }

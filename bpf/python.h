@@ -81,6 +81,10 @@ struct gt_py_scratch {
 	struct gt_py_wbuf_key wk;
 	struct gt_py_spawner sp;
 	__u64 ctx, root; // gt_py_context_w's outputs on the syscall path
+	// ... and the request the context works for, from its own link (the
+	// root's, inherited at birth: see gt_py_link), when cause_ok.
+	__u64 cause_conn, cause_seq;
+	__u8 cause_ok;
 	struct gt_py_thread tv; // gt_py_tstate_th's new cache entry
 };
 
@@ -261,8 +265,10 @@ static __always_inline int gt_py_context_w(__u32 tgid, __u32 tid, __u64 wbuf, in
 		return GT_PY_NOT_PYTHON;
 
 	int status = GT_PY_OK;
-	struct gt_py_scratch *ps;
-	if (wbuf && (p->flags & GT_PY_F_UVWRITE) && (ps = gt_py_scr())) {
+	struct gt_py_scratch *ps = gt_py_scr();
+	if (ps)
+		ps->cause_ok = 0;
+	if (wbuf && (p->flags & GT_PY_F_UVWRITE) && ps) {
 		ps->wk.tgid = tgid;
 		ps->wk._pad = 0;
 		ps->wk.addr = wbuf;
@@ -310,8 +316,14 @@ static __always_inline int gt_py_context_w(__u32 tgid, __u32 tid, __u64 wbuf, in
 		goto out;
 	}
 	*ctx = id;
-	if (l)
+	if (l) {
 		*root = l->root;
+		if (ps) {
+			ps->cause_conn = l->req_conn;
+			ps->cause_seq = l->req_seq;
+			ps->cause_ok = 1;
+		}
+	}
 out:
 	gt_py_stat(status);
 	return status;

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gymtrace/gymtrace/internal/groups"
 	"github.com/gymtrace/gymtrace/internal/python"
+	"github.com/gymtrace/gymtrace/internal/spans"
 )
 
 // pyTargets keeps, per traced Python process, its interpreter layout in the
@@ -26,6 +27,10 @@ type pyTargets struct {
 	// for a late `import uvloop`.
 	uvProbes map[int]io.Closer
 	uvWatch  map[int]bool
+	// pure: processes that only serve, their probes and layout off
+	// (pureWatch); watching: each process's one use watcher.
+	pure     map[int]bool
+	watching map[int]*pureWatch
 	want     bool
 	pending  sync.WaitGroup // adds still inspecting (wait)
 }
@@ -38,7 +43,8 @@ func needsPy(m groups.Mask) bool {
 
 func newPyTargets(t *agent, m groups.Mask) *pyTargets {
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
-		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, want: needsPy(m)}
+		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, pure: map[int]bool{}, watching: map[int]*pureWatch{},
+		want: needsPy(m)}
 }
 
 // add inspects a new target in the background: a process that has only just
@@ -98,8 +104,9 @@ func (p *pyTargets) add(pid int) {
 func (p *pyTargets) attach(pid int, in *python.Interpreter) {
 	p.mu.Lock()
 	_, has := p.probes[pid]
+	pure := p.pure[pid]
 	p.mu.Unlock()
-	if has {
+	if has || pure {
 		return
 	}
 	c, err := in.AttachProbes(p.t.kern.PyCopyProgram())
@@ -108,13 +115,16 @@ func (p *pyTargets) attach(pid int, in *python.Interpreter) {
 		return
 	}
 	p.mu.Lock()
-	if _, dup := p.probes[pid]; dup || p.interp[pid] != in || !p.want {
+	if _, dup := p.probes[pid]; dup || p.interp[pid] != in || !p.want || p.pure[pid] {
 		p.mu.Unlock()
 		_ = c.Close() // set up meanwhile, or no longer wanted
 		return
 	}
 	p.probes[pid] = c
+	w := &pureWatch{}
+	p.watching[pid] = w
 	p.mu.Unlock()
+	go p.watchUse(pid, in, w)
 	p.uvloop(pid, in)
 }
 
@@ -167,7 +177,7 @@ func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
 		}
 		time.Sleep(d)
 		p.mu.Lock()
-		stop := !p.uvWatch[pid] || p.interp[pid] != in || !p.want
+		stop := !p.uvWatch[pid] || p.interp[pid] != in || !p.want || p.pure[pid]
 		p.mu.Unlock()
 		if stop || p.tryUVloop(pid, in) {
 			return
@@ -207,7 +217,7 @@ func (p *pyTargets) tryUVloop(pid int, in *python.Interpreter) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, dup := p.uvProbes[pid]; dup || p.interp[pid] != in || !p.want {
+	if _, dup := p.uvProbes[pid]; dup || p.interp[pid] != in || !p.want || p.pure[pid] {
 		_ = c.Close()
 		return true
 	}
@@ -220,52 +230,96 @@ func (p *pyTargets) tryUVloop(pid int, in *python.Interpreter) bool {
 	}
 	p.uvProbes[pid] = c
 	p.t.log.Debug("uvloop write probes attached", "pid", pid, "uvloop", m.Version, "sites", len(m.Sites))
-	go p.watchUVUse(pid, in)
 	return true
 }
 
-// Pure servers need no write probe: only a process's outbound calls take
-// their parent from the writing task, and a model or resources server
-// usually makes none. Once a process has served uvServeOnly requests and
-// made none for uvServeGrace, the probes come off (one trap less per write
-// of every response); the first outbound request puts them back (that call
-// and the few racing it are unattributed, never wrong). The grace period
-// matters: an agent reads a burst of /run requests before the records of
-// its first calls reach userspace, so the counts alone would call it a pure
-// server for a moment (measured: a two-node run at c=64 lost every parent).
+// Pure servers need none of the Python machinery: only a process's outbound
+// calls (and sandbox CLIs) take their parent from the asyncio context, and a
+// resources server, or a model server with no upstream, makes none. Once a
+// process has answered pureAnswered requests and made no call, for
+// pureGrace, its probes come off and its layout leaves the kernel: no
+// context-copy trap, no uvloop write trap and no context read at its
+// message starts (measured: about a third of gymtrace's cost per request
+// on the bench's stack, docs/performance.md). The first outbound call puts
+// them back; that call and the few racing it are unattributed, never wrong.
+//
+// Answered, not served: an agent reads a burst of /run requests before its
+// first calls are made (measured: a two-node run at c=64 lost every parent
+// to a rule on requests read), but it answers none of them without calling
+// out. The grace covers a server whose calls follow its answers.
 const (
-	uvServeOnly  = 32
-	uvServeGrace = 5 * time.Second
+	pureAnswered = 32
+	pureGrace    = time.Second
 )
 
-func (p *pyTargets) watchUVUse(pid int, in *python.Interpreter) {
-	detached := false
-	var serving time.Time // since when it has served uvServeOnly and made nothing
+// pureWatch decides, from a process's request counts over time, when its
+// probes come off and when they go back on.
+type pureWatch struct {
+	since time.Time // when the counts last started to say "pure"
+	off   bool      // probes and layout are off
+}
+
+type pureStep int
+
+const (
+	pureKeep pureStep = iota
+	pureDetach
+	pureReattach
+)
+
+func (w *pureWatch) step(n spans.ReqCounts, now time.Time) pureStep {
+	pure := n.Made == 0 && n.Answered >= pureAnswered
+	if !pure {
+		w.since = time.Time{}
+	} else if w.since.IsZero() {
+		w.since = now
+	}
+	switch {
+	case !w.off && pure && now.Sub(w.since) >= pureGrace:
+		w.off = true
+		return pureDetach
+	case w.off && n.Made > 0:
+		w.off = false
+		w.since = time.Time{}
+		return pureReattach
+	}
+	return pureKeep
+}
+
+// watchUse runs w over pid while it is traced with the probes wanted and w
+// is its watcher.
+func (p *pyTargets) watchUse(pid int, in *python.Interpreter, w *pureWatch) {
 	for {
 		time.Sleep(100 * time.Millisecond)
 		n := p.t.spans.Builder().Counts(pid)
 		p.mu.Lock()
-		if p.interp[pid] != in || !p.want {
+		if p.interp[pid] != in || !p.want || p.watching[pid] != w {
 			p.mu.Unlock()
 			return
 		}
-		pure := n.Made == 0 && n.Served >= uvServeOnly
-		if !pure {
-			serving = time.Time{}
-		} else if serving.IsZero() {
-			serving = time.Now()
-		}
-		switch {
-		case !detached && pure && time.Since(serving) >= uvServeGrace:
-			if _, ok := p.uvProbes[pid]; ok {
-				p.detachUVLocked(pid) // the layout goes back without FlagUVWrite
-				detached = true
-				p.t.log.Debug("uvloop write probes off: the process only serves", "pid", pid, "served", n.Served)
+		switch w.step(n, time.Now()) {
+		case pureDetach:
+			p.pure[pid] = true
+			p.detachUVLocked(pid)
+			if c, ok := p.probes[pid]; ok {
+				_ = c.Close()
+				delete(p.probes, pid)
 			}
-		case detached && n.Made > 0:
+			_ = p.t.kern.SetPython(pid, nil)
 			p.mu.Unlock()
-			p.t.log.Debug("uvloop write probes back: the process calls out", "pid", pid)
-			p.tryUVloop(pid, in) // starts a new watcher
+			p.t.log.Info("python probes off: the process only serves", "pid", pid, "answered", n.Answered)
+			continue
+		case pureReattach:
+			delete(p.pure, pid)
+			delete(p.watching, pid)
+			err := p.t.kern.SetPython(pid, in.Params)
+			p.mu.Unlock()
+			if err != nil {
+				p.t.log.Warn("asyncio causality off for this process", "pid", pid, "err", err)
+				return
+			}
+			p.t.log.Info("python probes back: the process calls out", "pid", pid, "made", n.Made)
+			p.attach(pid, in) // starts a new watcher
 			return
 		}
 		p.mu.Unlock()
@@ -277,7 +331,7 @@ func (p *pyTargets) detachUVLocked(pid int) {
 	if c, ok := p.uvProbes[pid]; ok {
 		_ = c.Close()
 		delete(p.uvProbes, pid)
-		if in, ok := p.interp[pid]; ok {
+		if in, ok := p.interp[pid]; ok && !p.pure[pid] {
 			_ = p.t.kern.SetPython(pid, in.Params)
 		}
 	}
@@ -296,6 +350,8 @@ func (p *pyTargets) take(pid int) []io.Closer {
 	defer p.mu.Unlock()
 	var out []io.Closer
 	delete(p.uvWatch, pid)
+	delete(p.pure, pid)
+	delete(p.watching, pid)
 	if c, ok := p.uvProbes[pid]; ok {
 		out = append(out, c)
 		delete(p.uvProbes, pid)
@@ -318,8 +374,18 @@ func (p *pyTargets) setMask(m groups.Mask) {
 	todo := map[int]*python.Interpreter{}
 	for pid, in := range p.interp {
 		if p.want {
-			todo[pid] = in
-		} else if c, ok := p.probes[pid]; ok {
+			if !p.pure[pid] {
+				todo[pid] = in
+			}
+			continue
+		}
+		delete(p.watching, pid)
+		if p.pure[pid] {
+			// Back to the layout every process has without the probes.
+			delete(p.pure, pid)
+			_ = p.t.kern.SetPython(pid, in.Params)
+		}
+		if c, ok := p.probes[pid]; ok {
 			p.detachUVLocked(pid)
 			_ = c.Close()
 			delete(p.probes, pid)

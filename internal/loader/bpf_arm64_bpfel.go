@@ -331,12 +331,16 @@ type bpfGtPyParams struct {
 }
 
 type bpfGtPyScratch struct {
-	_    structs.HostLayout
-	Wk   bpfGtPyWbufKey
-	Sp   bpfGtPySpawner
-	Ctx  uint64
-	Root uint64
-	Tv   bpfGtPyThread
+	_         structs.HostLayout
+	Wk        bpfGtPyWbufKey
+	Sp        bpfGtPySpawner
+	Ctx       uint64
+	Root      uint64
+	CauseConn uint64
+	CauseSeq  uint64
+	CauseOk   uint8
+	_         [7]byte
+	Tv        bpfGtPyThread
 }
 
 type bpfGtPySpawner struct {

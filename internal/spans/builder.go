@@ -134,9 +134,19 @@ type Builder struct {
 	lonely    map[tupleKey]struct{}
 }
 
-// ReqCounts are the HTTP requests a process served and made since it was
-// first seen (Counts).
-type ReqCounts struct{ Served, Made uint64 }
+// ReqCounts are what a process did since it was first seen (Counts): HTTP
+// requests served (read), answered (a response written) and made, sandbox
+// CLIs included in Made (calls out, whose parents need its asyncio context).
+type ReqCounts struct{ Served, Answered, Made uint64 }
+
+func (b *Builder) countsOf(pid uint32) *ReqCounts {
+	c := b.counts[pid]
+	if c == nil {
+		c = &ReqCounts{}
+		b.counts[pid] = c
+	}
+	return c
+}
 
 // NewBuilder returns a Builder; it fails only when the clock or the id
 // generator cannot be initialised.
@@ -266,11 +276,7 @@ func (b *Builder) Counts(pid int) ReqCounts {
 func (b *Builder) RequestStarted(x *http.Exchange) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	c := b.counts[x.PID]
-	if c == nil {
-		c = &ReqCounts{}
-		b.counts[x.PID] = c
-	}
+	c := b.countsOf(x.PID)
 	if x.Side == loader.SideServer {
 		c.Served++
 	} else {
@@ -293,6 +299,9 @@ func (b *Builder) ExchangeDone(x *http.Exchange) {
 	defer b.mu.Unlock()
 	if !errors.Is(x.Err, http.ErrEvicted) && !errors.Is(x.Err, http.ErrShutdown) {
 		b.noteTime(x.RespEnd) // a kernel timestamp (those two ends are the agent's clock)
+	}
+	if x.Side == loader.SideServer && x.Err == nil && x.Status != 0 {
+		b.countsOf(x.PID).Answered++
 	}
 	b.finish(x)
 }

@@ -226,6 +226,7 @@ func (b *Builder) startSandbox(ev *loader.ProcEvent) {
 	if ev.Verb == loader.SandboxVerbOther || providerName(ev.Provider) == "" || !b.Mask().Has(groups.Sandbox) {
 		return
 	}
+	b.countsOf(ev.Ppid).Made++ // a call out: its parent needs the server's asyncio context
 	start := ev.StartNs
 	if start == 0 {
 		start = ev.TsNs

@@ -517,3 +517,28 @@ func TestAnalyseGymTelemetry(t *testing.T) {
 		t.Errorf("complete() = %v; want only the per-program rows missing (skipped rows are not)", err)
 	}
 }
+
+// --configs "=NAME" picks that row alone (names hold commas, so such words
+// are separated by ";"), with its untraced row and its baseline twin.
+func TestConfigsExactNames(t *testing.T) {
+	names := func(rows []wlConfig) []string {
+		var out []string
+		for _, c := range rows {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	got := names(workloadRows(true, "=default, sid;=groups off, sid", false))
+	want := []string{"untraced, sid", "groups off, sid", "groups off, sid, baseline", "default, sid", "default, sid, baseline"}
+	if !slices.Equal(got, want) {
+		t.Errorf("exact names = %q, want %q", got, want)
+	}
+	// A plain word still matches by substring, commas still separate words.
+	if got := names(workloadRows(false, "per_rollout, Gym runtime", false)); !slices.Contains(got, "per_rollout, sid") ||
+		!slices.Contains(got, "default, Gym runtime") {
+		t.Errorf("words = %q", got)
+	}
+	if got := workloadRows(false, "=no such row", false); len(got) != 0 {
+		t.Errorf("an unknown exact name picked %q", names(got))
+	}
+}

@@ -68,6 +68,8 @@ type options struct {
 	taxRounds, taxIters                int
 	capSeconds, capReps                int
 	capConns                           string
+	settle                             time.Duration
+	perfDir                            string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -84,11 +86,13 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.short, "short", false, "smoke run of about 2-3 minutes (CI); the default is the full run")
 	fs.StringVar(&o.phases, "phases", "workload,tax,capacity", "phases to run (workload includes per-program cost and the gate)")
 	fs.StringVar(&o.baseline, "baseline", "", "an older gymtrace binary: every traced workload row also runs with it, in the same rounds, as \"<row>, baseline\" (to compare two builds side by side)")
-	fs.StringVar(&o.configs, "configs", "", "only the workload rows whose name contains one of these comma-separated words, with their untraced rows (default: every row)")
+	fs.StringVar(&o.configs, "configs", "", "only the workload rows whose name contains one of these comma-separated words, or, as =NAME, the row NAME itself (separate those by ;), with their untraced rows (default: every row)")
 	fs.IntVar(&o.rounds, "rounds", 0, "interleaved rounds of the workload, best even: rounds run in forward-backward pairs (default 2 short, 10 full)")
 	fs.IntVar(&o.rollouts, "rollouts", 0, "rollouts per workload run (default 24 short, 200 full)")
 	fs.IntVar(&o.conc, "concurrency", 4, "rollouts in flight")
 	fs.IntVar(&o.warmup, "warmup", 8, "rollouts before measuring (pooled connections exist before gymtrace attaches)")
+	fs.DurationVar(&o.settle, "settle", 1500*time.Millisecond, "load on each freshly attached gymtrace before its measured window: the steady state a long-running deployment sees (0: measure from attach)")
+	fs.StringVar(&o.perfDir, "perf", os.Getenv("GYMTRACE_BENCH_PERF"), "record the servers with perf (cpu-clock) during every measured window into this directory (env GYMTRACE_BENCH_PERF)")
 	fs.IntVar(&o.taxRounds, "tax-rounds", 0, "rounds of the untargeted syscall loop (default 2 short, 8 full)")
 	fs.IntVar(&o.taxIters, "tax-iters", 0, "iterations per syscall kind per run (default 200000 short, 2000000 full)")
 	fs.IntVar(&o.capSeconds, "capacity-seconds", 0, "seconds of wrk load per capacity run (default 3 short, 10 full)")
@@ -205,6 +209,7 @@ func run(args []string) int {
 		}
 		rep.Raw.Workload, rep.Skipped, err = runWorkload(ctx, wlOptions{Root: root, Dir: o.work, Gymtrace: o.gymtrace,
 			Rounds: o.rounds, Rollouts: o.rollouts, Concurrency: o.conc, Warmup: o.warmup, Idle: idleWindow(o.short), Log: log,
+			Settle: o.settle, PerfDir: o.perfDir,
 			Configs: o.configs, Baseline: o.baseline, Short: o.short, Sink: o.sink})
 		stats.Close()
 		rep.Notes = append(rep.Notes, skipNotes(rep.Skipped)...)

@@ -46,10 +46,17 @@ type wlOptions struct {
 	Rounds, Rollouts    int
 	Concurrency, Warmup int
 	Idle                time.Duration // idle window before each traced run
-	Log                 *slog.Logger
-	Configs             string // --configs: a filter on row names; "" all
-	Short               bool   // --short: no full-only rows
-	Sink                string // test/otlpsink binary, for the Gym-telemetry OTLP rows; "" none
+	// Settle: load before each traced run's measured window, so that it
+	// measures gymtrace settled (a process that only serves has its
+	// Python probes off a second after its first answers, internal/agent).
+	Settle time.Duration
+	// PerfDir: record the servers' CPU (perf, cpu-clock) during every
+	// measured window into this directory (GYMTRACE_BENCH_PERF).
+	PerfDir string
+	Log     *slog.Logger
+	Configs string // --configs: a filter on row names; "" all
+	Short   bool   // --short: no full-only rows
+	Sink    string // test/otlpsink binary, for the Gym-telemetry OTLP rows; "" none
 }
 
 // runWorkload runs every configuration Rounds times, interleaved. Each
@@ -193,6 +200,9 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, slot i
 			return run, err
 		}
 		time.Sleep(o.Idle)
+		if err := settle(ctx, o, st, dir); err != nil {
+			return run, err
+		}
 	}
 	var tel0 gymTelCounts
 	if st.gymTel {
@@ -222,7 +232,9 @@ func runOnce(ctx context.Context, o wlOptions, st *stack, hc *hitCounter, slot i
 		}
 	}
 
+	stopPerf := startPerf(o.PerfDir, st, fmt.Sprintf("r%d-%s", round, slug(cfg.Name)), o.Log)
 	sum, lat, err := st.collect(ctx, dir, o.Rollouts, o.Concurrency)
+	stopPerf()
 	if err != nil {
 		return run, err
 	}

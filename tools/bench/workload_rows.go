@@ -154,14 +154,32 @@ func pick(configs []wlConfig, filter string) []wlConfig {
 	}
 	keep := map[string]bool{}
 	for _, c := range configs {
-		for _, w := range strings.Split(filter, ",") {
-			if w = strings.TrimSpace(w); w != "" && strings.Contains(c.Name, w) {
+		for _, w := range strings.Split(filter, ";") {
+			if matchRow(c.Name, strings.TrimSpace(w)) {
 				keep[c.Name] = true
 				keep[baseOf(c)] = true
 			}
 		}
 	}
 	return slices.DeleteFunc(slices.Clone(configs), func(c wlConfig) bool { return !keep[c.Name] })
+}
+
+// matchRow: w is a filter word (a row name holds it) or "=" and a whole row
+// name (the row alone; its name's commas are part of it, so such words are
+// separated by ";").
+func matchRow(name, w string) bool {
+	if exact, ok := strings.CutPrefix(w, "="); ok {
+		return name == exact || name == exact+baselineSuffix
+	}
+	if w == "" {
+		return false
+	}
+	for _, part := range strings.Split(w, ",") {
+		if part = strings.TrimSpace(part); part != "" && strings.Contains(name, part) {
+			return true
+		}
+	}
+	return false
 }
 
 // workloadRows are the rows a run measures before skips: the --configs

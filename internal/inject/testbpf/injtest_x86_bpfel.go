@@ -276,12 +276,16 @@ type injtestGtPyParams struct {
 }
 
 type injtestGtPyScratch struct {
-	_    structs.HostLayout
-	Wk   injtestGtPyWbufKey
-	Sp   injtestGtPySpawner
-	Ctx  uint64
-	Root uint64
-	Tv   injtestGtPyThread
+	_         structs.HostLayout
+	Wk        injtestGtPyWbufKey
+	Sp        injtestGtPySpawner
+	Ctx       uint64
+	Root      uint64
+	CauseConn uint64
+	CauseSeq  uint64
+	CauseOk   uint8
+	_         [7]byte
+	Tv        injtestGtPyThread
 }
 
 type injtestGtPySpawner struct {

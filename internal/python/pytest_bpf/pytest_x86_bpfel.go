@@ -177,12 +177,16 @@ type pytestGtPyParams struct {
 }
 
 type pytestGtPyScratch struct {
-	_    structs.HostLayout
-	Wk   pytestGtPyWbufKey
-	Sp   pytestGtPySpawner
-	Ctx  uint64
-	Root uint64
-	Tv   pytestGtPyThread
+	_         structs.HostLayout
+	Wk        pytestGtPyWbufKey
+	Sp        pytestGtPySpawner
+	Ctx       uint64
+	Root      uint64
+	CauseConn uint64
+	CauseSeq  uint64
+	CauseOk   uint8
+	_         [7]byte
+	Tv        pytestGtPyThread
 }
 
 type pytestGtPySpawner struct {

@@ -211,12 +211,16 @@ type tlstestGtPyParams struct {
 }
 
 type tlstestGtPyScratch struct {
-	_    structs.HostLayout
-	Wk   tlstestGtPyWbufKey
-	Sp   tlstestGtPySpawner
-	Ctx  uint64
-	Root uint64
-	Tv   tlstestGtPyThread
+	_         structs.HostLayout
+	Wk        tlstestGtPyWbufKey
+	Sp        tlstestGtPySpawner
+	Ctx       uint64
+	Root      uint64
+	CauseConn uint64
+	CauseSeq  uint64
+	CauseOk   uint8
+	_         [7]byte
+	Tv        tlstestGtPyThread
 }
 
 type tlstestGtPySpawner struct {
