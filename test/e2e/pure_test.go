@@ -22,8 +22,12 @@ func TestPureServerProbes(t *testing.T) {
 	res, model, agent := st.server("resources"), st.server("model"), st.server("agent")
 	out := filepath.Join(t.TempDir(), "spans.jsonl")
 	g := lcGymtrace(t, "all", out, lcPids(st)...)
-	off := func(pid int) string { return fmt.Sprintf(`msg="python probes off: the process only serves" pid=%d `, pid) }
-	back := func(pid int) string { return fmt.Sprintf(`msg="python probes back: the process calls out" pid=%d `, pid) }
+	off := func(pid int) string {
+		return fmt.Sprintf(`msg="python probes off: the process only serves" pid=%d `, pid)
+	}
+	back := func(pid int) string {
+		return fmt.Sprintf(`msg="python probes back: the process calls out" pid=%d `, pid)
+	}
 
 	// No sandbox: the resources and model servers only answer. Load until
 	// both have said so (32 answers each, then a second of grace).
