@@ -49,6 +49,11 @@ type proc struct {
 	verifyOK, verifyAll     uint64
 
 	series map[string]map[attribute.Distinct]struct{} // under Recorder.mu
+	// sets: the attribute set each HTTP measurement's inputs gave, so a
+	// repeated exchange (the common case: a few routes, one status) builds
+	// and hashes none (measured: most of the agent's metrics CPU). Under
+	// Recorder.mu; bounded by maxSetCache.
+	sets map[setKey]attribute.Set
 
 	// The SDK runs the callbacks under its own lock while it collects, and
 	// Recorder.mu is held while instruments are made and recorded into: a
@@ -68,7 +73,7 @@ func (pr *proc) goneAt() time.Time {
 // newProc makes p's provider and instruments; an orchestrator's gets its
 // gym.servers.active gauge (whether discovery or its traffic said so).
 func newProc(r *Recorder, p discover.Process) *proc {
-	pr := &proc{p: p, series: map[string]map[attribute.Distinct]struct{}{},
+	pr := &proc{p: p, series: map[string]map[attribute.Distinct]struct{}{}, sets: map[setKey]attribute.Set{},
 		activeSeen: map[attribute.Distinct]attribute.Set{}}
 	opts := []sdkmetric.Option{sdkmetric.WithResource(r.cfg.Resources.For(&p))}
 	if r.exp != nil {
@@ -251,7 +256,7 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 			}
 			if k == kindClient {
 				if pr.cliDur[i] != nil {
-					set := r.attrSet(pr, sc.String()+"/client", clientDurationAttrs(&e, sc))
+					set := r.cachedSet(pr, setKey{e, sc, true})
 					pr.cliDur[i].Record(ctx, v, metric.WithAttributeSet(set))
 				}
 				continue
@@ -259,12 +264,41 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 			if pr.srvDur[i] == nil {
 				continue
 			}
-			set := metric.WithAttributeSet(r.attrSet(pr, sc.String()+"/server", serverDurationAttrs(&e, sc)))
+			set := metric.WithAttributeSet(r.cachedSet(pr, setKey{e, sc, false}))
 			pr.srvDur[i].Record(ctx, v, set)
 			pr.srvReq[i].Record(ctx, int64(s.Measures.ReqBody), set)
 			pr.srvResp[i].Record(ctx, int64(s.Measures.RespBody), set)
 		}
 	}
+}
+
+// setKey is what an HTTP measurement's attribute set depends on.
+type setKey struct {
+	e      exchange
+	sc     Semconv
+	client bool
+}
+
+// maxSetCache bounds proc.sets; past it sets are built each time (still
+// capped as series by attrSet).
+const maxSetCache = 1024
+
+// cachedSet is attrSet for the duration and size histograms of k, built
+// once per distinct k.
+func (r *Recorder) cachedSet(pr *proc, k setKey) attribute.Set {
+	if set, ok := pr.sets[k]; ok {
+		return set
+	}
+	var set attribute.Set
+	if k.client {
+		set = r.attrSet(pr, k.sc.String()+"/client", clientDurationAttrs(&k.e, k.sc))
+	} else {
+		set = r.attrSet(pr, k.sc.String()+"/server", serverDurationAttrs(&k.e, k.sc))
+	}
+	if len(pr.sets) < maxSetCache {
+		pr.sets[k] = set
+	}
+	return set
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
