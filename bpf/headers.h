@@ -72,8 +72,12 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 	// Most header blocks fit in 512 bytes: read that much first, and the rest of
 	// the window only when the block goes on.
 	__u32 max = avail > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : avail;
-	__u32 nr = max > 512 ? 512 : max;
+	__u32 nr = max > GT_HDR_FIRST ? GT_HDR_FIRST : max;
 	__u32 n = 0;
+	// The start's first window, read by gt_peek_start in this very run.
+	int pre = first && !carry && sc->pre_id == ((__u64)io->tgid << 32 | io->tid) && sc->pre_ubuf == ubuf &&
+		  sc->pre_n == nr;
+	sc->pre_id = 0;
 	// A client request injection looked at in this syscall's sys_enter: the
 	// same read and scan of the same bytes (its whole head, which the check
 	// required), unless anything else used the scratch since.
@@ -96,8 +100,12 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 				break;
 			nr = max;
 		}
-		if (nr == 0 || nr > GT_SCRATCH - 128 || bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
+		if (nr == 0 || nr > GT_SCRATCH - 128)
 			return -1;
+		if (!(attempt == 0 && pre) && bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
+			return -1;
+		if (attempt == 0 && pre)
+			gt_stat_add(GT_STAT_SCAN_PREREAD, 1);
 		n = carry + nr;
 		// The start line is not a header (gt_start_request copied the path).
 		gt_scan_begin(sc, first ? 1 : (carry ? 0 : d->mid_line));

@@ -7,6 +7,8 @@
 #include "common/iter.h"
 
 #define GT_PEEK 16
+// The header scan's first window: most header blocks fit in it.
+#define GT_HDR_FIRST 512
 #define GT_MAX_STEPS_PER_BUF 32 // parse steps (start, headers, body) inside one syscall buffer
 #define GT_MAX_CHUNKS_PER_BUF 16
 #define GT_MAX_HDR_BYTES (16 * 1024) // header blocks larger than this lose framing
@@ -346,6 +348,7 @@ static __always_inline int gt_read_window(struct gt_scratch *sc, __u64 ubuf, __u
 	if (n > GT_SCRATCH)
 		n = GT_SCRATCH;
 	sc->reuse_id = 0; // buf is overwritten (see struct gt_scratch)
+	sc->pre_id = 0;
 	if (bpf_probe_read_user(sc->buf, n, (void *)(ubuf + o)))
 		return -1;
 	return n;

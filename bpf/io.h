@@ -54,15 +54,18 @@ struct gt_msghdr {
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
 {
+	// A trusted BTF pointer: plain (CO-RE relocated) loads, no helper call
+	// per register (three bpf_probe_read_kernel calls before, on every
+	// traced syscall).
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 #if defined(__TARGET_ARCH_x86)
-	*a0 = BPF_CORE_READ(regs, di);
-	*a1 = BPF_CORE_READ(regs, si);
-	*a2 = BPF_CORE_READ(regs, dx);
+	*a0 = regs->di;
+	*a1 = regs->si;
+	*a2 = regs->dx;
 #elif defined(__TARGET_ARCH_arm64)
 	// x0 holds the return value by now; the first argument survives in orig_x0.
-	*a0 = BPF_CORE_READ(regs, orig_x0);
-	*a1 = BPF_CORE_READ(regs, regs[1]);
-	*a2 = BPF_CORE_READ(regs, regs[2]);
+	*a0 = regs->orig_x0;
+	*a1 = regs->regs[1];
+	*a2 = regs->regs[2];
 #endif
 }

@@ -114,7 +114,8 @@ enum gt_stat {
 	GT_STAT_REWARD_MISSED = 47,// /verify responses meant to be scanned that gave no usable reward:
 				   // not found, ambiguous, malformed, outside the window, or a body the
 				   // scan does not follow (chunked, ended by close, framing lost, none)
-	GT_STAT_MAX = 48,
+	GT_STAT_SCAN_PREREAD = 48, // header blocks scanned from the read made at their message start
+	GT_STAT_MAX = 49,
 };
 
 struct gt_tuple {

@@ -131,7 +131,14 @@ struct gt_scratch {
 	__u64 reuse_ubuf;
 	__u64 reuse_gen; // also in the thread's gt_inject_rec: that very syscall
 	__u32 reuse_max;
-	__u32 _pad_reuse;
+	// The first bytes of the message start gt_peek_start met in this
+	// program run, read once for the start line, the path and the header
+	// block's first window (GT_HDR_FIRST bytes): buf[0, pre_n) holds the
+	// user bytes at pre_ubuf while pre_id is the thread's pid_tgid. Every
+	// other writer of buf clears pre_id, and so does gt_process on entry.
+	__u32 pre_n;
+	__u64 pre_id;
+	__u64 pre_ubuf;
 	struct gt_conn conn; // a zeroed template for new connections
 };
 

@@ -91,6 +91,7 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		"skipped_bytes": st[loader.StatSkippedBytes],
 		"unsampled":     st[loader.StatUnsampled],
 		"scan_reused":   st[loader.StatScanReused],   // client request heads not read twice (injection's scan)
+		"scan_preread":  st[loader.StatScanPreread],  // header blocks scanned from the read at their message start
 		"fresh_conns":   st[loader.StatFresh],        // connections followed from their first byte: joined by order
 		"tls_calls":     st[loader.StatTLSCalls],     // OpenSSL probe runs in targets
 		"tls_events":    st[loader.StatTLSEvents],    // records from TLS plaintext

@@ -505,7 +505,9 @@ type bpfGtScratch struct {
 	ReuseUbuf uint64
 	ReuseGen  uint64
 	ReuseMax  uint32
-	PadReuse  uint32
+	PreN      uint32
+	PreId     uint64
+	PreUbuf   uint64
 	Conn      bpfGtConn
 }
 
@@ -538,7 +540,8 @@ const (
 	bpfGtStatGT_STAT_FRESH         bpfGtStat = 45
 	bpfGtStatGT_STAT_REWARD_FOUND  bpfGtStat = 46
 	bpfGtStatGT_STAT_REWARD_MISSED bpfGtStat = 47
-	bpfGtStatGT_STAT_MAX           bpfGtStat = 48
+	bpfGtStatGT_STAT_SCAN_PREREAD  bpfGtStat = 48
+	bpfGtStatGT_STAT_MAX           bpfGtStat = 49
 )
 
 type bpfGtTarget struct {

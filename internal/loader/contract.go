@@ -140,6 +140,7 @@ const (
 	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)     // TLS probe runs in targets
 	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS)    // records emitted from TLS plaintext
 	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED)    // SSL objects linked to their socket
+	StatScanPreread  = uint32(bpfGtStatGT_STAT_SCAN_PREREAD)  // header blocks scanned from the read at their start
 	StatMax          = uint32(bpfGtStatGT_STAT_MAX)
 )
 

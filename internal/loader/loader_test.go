@@ -219,6 +219,15 @@ func TestKeepAliveRequestsPairOnBothEnds(t *testing.T) {
 	if s.Lport != cl.Rport || s.Rport != cl.Lport || s.Laddr != cl.Raddr {
 		t.Errorf("tuples do not mirror: server %+v client %+v", s, cl)
 	}
+	// Each message's start, path and header block came from one read: 3
+	// requests and 3 responses, on both ends.
+	st, err := r.tr.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st[StatScanPreread]; got < 12 {
+		t.Errorf("%d header blocks scanned from the read at their message start, want 12", got)
+	}
 }
 
 func TestSplitRequestAndLateTraceparent(t *testing.T) {

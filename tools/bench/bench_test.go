@@ -542,3 +542,29 @@ func TestConfigsExactNames(t *testing.T) {
 		t.Errorf("an unknown exact name picked %q", names(got))
 	}
 }
+
+// The cost targets against untraced and against Gym's no-op telemetry.
+func TestCostTargets(t *testing.T) {
+	rep := &Report{Workload: []WorkloadRow{
+		{Config: "default, sid", StackCPU: Interval{Mean: 1.04, Lo: 1.02, Hi: 1.06, N: 10}},
+		{Config: "Gym telemetry default, no-op, sid", StackCPU: Interval{Mean: 1.80, Lo: 1.7, Hi: 1.9, N: 10}, GymTelemetry: true},
+		{Config: "default, sid asyncio", StackCPU: Interval{Mean: 1.12, Lo: 1.10, Hi: 1.14, N: 10}},
+		{Config: "Gym telemetry default, no-op, sid asyncio", StackCPU: Interval{Mean: 1.80, Lo: 1.7, Hi: 1.9, N: 10}, GymTelemetry: true},
+	}}
+	rep.targets()
+	got := map[string]string{}
+	for _, r := range rep.Targets {
+		got[r.What] = r.Measured + " " + r.Verdict
+	}
+	want := map[string]string{
+		"servers' added CPU per rollout, default, sid":                                                           "+4.0 % [+2.0, +6.0] ok?",
+		"servers' added CPU per rollout, default, sid, as a share of Gym telemetry B's (no-op exporter)":         "0.050 [0.025, 0.075] ok",
+		"servers' added CPU per rollout, default, sid asyncio":                                                   "+12.0 % [+10.0, +14.0] MISS",
+		"servers' added CPU per rollout, default, sid asyncio, as a share of Gym telemetry B's (no-op exporter)": "0.150 [0.125, 0.175] MISS",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %q, want %q", k, got[k], v)
+		}
+	}
+}

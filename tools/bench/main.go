@@ -91,7 +91,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.rollouts, "rollouts", 0, "rollouts per workload run (default 24 short, 200 full)")
 	fs.IntVar(&o.conc, "concurrency", 4, "rollouts in flight")
 	fs.IntVar(&o.warmup, "warmup", 8, "rollouts before measuring (pooled connections exist before gymtrace attaches)")
-	fs.DurationVar(&o.settle, "settle", 1500*time.Millisecond, "load on each freshly attached gymtrace before its measured window: the steady state a long-running deployment sees (0: measure from attach)")
+	fs.DurationVar(&o.settle, "settle", 3*time.Second, "load on each freshly attached gymtrace before its measured window: the steady state a long-running deployment sees (0: measure from attach)")
 	fs.StringVar(&o.perfDir, "perf", os.Getenv("GYMTRACE_BENCH_PERF"), "record the servers with perf (cpu-clock) during every measured window into this directory (env GYMTRACE_BENCH_PERF)")
 	fs.IntVar(&o.taxRounds, "tax-rounds", 0, "rounds of the untargeted syscall loop (default 2 short, 8 full)")
 	fs.IntVar(&o.taxIters, "tax-iters", 0, "iterations per syscall kind per run (default 200000 short, 2000000 full)")

@@ -14,7 +14,17 @@ const uprobeTrapNs = 1100
 
 var throughputTargets = map[string]float64{"groups off": 0.995, "default": 0.98, "default, injection forced": 0.98, "per_rollout": 0.98, "all": 0.97,
 	"default, Gym runtime": 0.98, "per_rollout, Gym runtime": 0.98, "default, sid": 0.98, "per_rollout, sid": 0.98,
-	"default, sid asyncio": 0.98, "per_rollout, sid asyncio": 0.98}
+	"default, sid asyncio": 0.98, "per_rollout, sid asyncio": 0.98, "groups off, sid": 0.995}
+
+// Issue 20's cost targets at `default`, on the runtimes that also run Gym's
+// own telemetry: the servers' added CPU per rollout at most 5 % of the
+// untraced servers' and at most a tenth of Gym's telemetry with a no-op
+// exporter (its lower bound).
+const (
+	maxAddedCPU     = 0.05
+	maxOfGymNoop    = 0.10
+	gymTelFamilySid = "sid"
+)
 
 // verdict compares an interval with a lower bound (higher is better) or an
 // upper bound: "ok" or "MISS" by the mean, with "?" when the 95 % interval
@@ -51,6 +61,28 @@ func (rep *Report) targets() {
 		if w.Config == "default" || w.Config == "per_rollout" || w.Config == "all" {
 			add("eBPF time per traced request, "+w.Config, "<= 1000 ns", fmtIv(w.EBPFNsPerReq, 0)+" ns", verdict(w.EBPFNsPerReq, 1000, false))
 		}
+	}
+	byName := map[string]WorkloadRow{}
+	for _, w := range rep.Workload {
+		byName[w.Config] = w
+	}
+	for _, fam := range []string{gymTelFamilySid, gymTelFamilySid + " asyncio"} {
+		g, ok := byName["default, "+fam]
+		if !ok || !g.StackCPU.Valid() {
+			continue
+		}
+		add("servers' added CPU per rollout, default, "+fam, fmt.Sprintf("<= %+.1f %%", maxAddedCPU*100), pctOver(g.StackCPU),
+			verdict(g.StackCPU, 1+maxAddedCPU, false))
+		b, ok := byName["Gym telemetry default, no-op, "+fam]
+		if !ok || !b.StackCPU.Valid() || b.StackCPU.Mean <= 1 {
+			continue
+		}
+		// gymtrace's interval over B's mean: B's own spread is left out
+		// (it is several times further from 1 than gymtrace's).
+		over := b.StackCPU.Mean - 1
+		iv := Interval{Mean: (g.StackCPU.Mean - 1) / over, Lo: (g.StackCPU.Lo - 1) / over, Hi: (g.StackCPU.Hi - 1) / over, N: g.StackCPU.N}
+		add("servers' added CPU per rollout, default, "+fam+", as a share of Gym telemetry B's (no-op exporter)",
+			fmt.Sprintf("<= %.2f", maxOfGymNoop), fmtIv(iv, 3), verdict(iv, maxOfGymNoop, false))
 	}
 	var uprobes []string
 	for _, p := range rep.Programs {

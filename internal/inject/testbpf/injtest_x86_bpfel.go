@@ -392,7 +392,9 @@ type injtestGtScratch struct {
 	ReuseUbuf uint64
 	ReuseGen  uint64
 	ReuseMax  uint32
-	PadReuse  uint32
+	PreN      uint32
+	PreId     uint64
+	PreUbuf   uint64
 	Conn      injtestGtConn
 }
 
@@ -417,7 +419,8 @@ const (
 	injtestGtStatGT_STAT_FRESH         injtestGtStat = 45
 	injtestGtStatGT_STAT_REWARD_FOUND  injtestGtStat = 46
 	injtestGtStatGT_STAT_REWARD_MISSED injtestGtStat = 47
-	injtestGtStatGT_STAT_MAX           injtestGtStat = 48
+	injtestGtStatGT_STAT_SCAN_PREREAD  injtestGtStat = 48
+	injtestGtStatGT_STAT_MAX           injtestGtStat = 49
 )
 
 type injtestGtTarget struct {

@@ -313,7 +313,9 @@ type pytestGtScratch struct {
 	ReuseUbuf uint64
 	ReuseGen  uint64
 	ReuseMax  uint32
-	PadReuse  uint32
+	PreN      uint32
+	PreId     uint64
+	PreUbuf   uint64
 	Conn      pytestGtConn
 }
 

@@ -327,7 +327,9 @@ type tlstestGtScratch struct {
 	ReuseUbuf uint64
 	ReuseGen  uint64
 	ReuseMax  uint32
-	PadReuse  uint32
+	PreN      uint32
+	PreId     uint64
+	PreUbuf   uint64
 	Conn      tlstestGtConn
 }
 
@@ -352,7 +354,8 @@ const (
 	tlstestGtStatGT_STAT_FRESH         tlstestGtStat = 45
 	tlstestGtStatGT_STAT_REWARD_FOUND  tlstestGtStat = 46
 	tlstestGtStatGT_STAT_REWARD_MISSED tlstestGtStat = 47
-	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 48
+	tlstestGtStatGT_STAT_SCAN_PREREAD  tlstestGtStat = 48
+	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 49
 )
 
 type tlstestGtTarget struct {
