@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	pytestbpf "github.com/gymtrace/gymtrace/internal/python/pytest_bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,6 +34,24 @@ func costRun(t *testing.T, which, mode string, n int, setup func(in *Interpreter
 		t.Fatalf("cost loop gave %q: %v", line, err)
 	}
 	return res.NsPerCall
+}
+
+// probeTestSetup loads the test objects with bpf_stats on (until the test
+// ends) and names the interpreter to run: GYMTRACE_PY, debian by default.
+func probeTestSetup(t *testing.T) (*pytestbpf.Objects, string) {
+	t.Helper()
+	requireRoot(t)
+	which := "debian"
+	if w := os.Getenv("GYMTRACE_PY"); w != "" {
+		which = w
+	}
+	objs := loadTestObjects(t)
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		t.Fatalf("enabling bpf_stats: %v", err)
+	}
+	t.Cleanup(func() { stats.Close() })
+	return objs, which
 }
 
 func progStats(t *testing.T, p *ebpf.Program) (ns, count uint64) {
@@ -86,17 +105,7 @@ func TestCostContextRead(t *testing.T) {
 // call as the process sees it (trap + return trampoline + program), against
 // no probe and against a plain entry uprobe running the same program.
 func TestCostCopyProbe(t *testing.T) {
-	requireRoot(t)
-	which := "debian"
-	if w := os.Getenv("GYMTRACE_PY"); w != "" {
-		which = w
-	}
-	objs := loadTestObjects(t)
-	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
-	if err != nil {
-		t.Fatalf("enabling bpf_stats: %v", err)
-	}
-	defer stats.Close()
+	objs, which := probeTestSetup(t)
 	const n = 100000
 	put := func(in *Interpreter) {
 		if err := objs.GtPyProcs.Put(uint32(in.PID), in.Params); err != nil {

@@ -3,13 +3,11 @@ package python
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,17 +17,7 @@ import (
 // file and offset between those attachments; taking one off, again and
 // again, must not cost the others a single hit.
 func TestCopyProbeSurvivesOtherDetach(t *testing.T) {
-	requireRoot(t)
-	which := "debian"
-	if w := os.Getenv("GYMTRACE_PY"); w != "" {
-		which = w
-	}
-	objs := loadTestObjects(t)
-	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
-	if err != nil {
-		t.Fatalf("enabling bpf_stats: %v", err)
-	}
-	defer stats.Close()
+	objs, which := probeTestSetup(t)
 
 	// B: a second interpreter of the same build, idle, whose probe comes
 	// and goes.
