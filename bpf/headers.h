@@ -75,14 +75,14 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 	__u32 nr = max > GT_HDR_FIRST ? GT_HDR_FIRST : max;
 	__u32 n = 0;
 	// The start's first window, read by gt_peek_start in this very run.
-	int pre = first && !carry && sc->pre_id == ((__u64)io->tgid << 32 | io->tid) && sc->pre_ubuf == ubuf &&
+	int pre = first && !carry && sc->pre_id == gt_io_id(io) && sc->pre_ubuf == ubuf &&
 		  sc->pre_n == nr;
 	sc->pre_id = 0;
 	// A client request injection looked at in this syscall's sys_enter: the
 	// same read and scan of the same bytes (its whole head, which the check
 	// required), unless anything else used the scratch since.
 	int reuse = first && !carry && d->is_req && io->scan_gen && sc->reuse_gen == io->scan_gen &&
-		    sc->reuse_id == ((__u64)io->tgid << 32 | io->tid) && sc->reuse_ubuf == ubuf &&
+		    sc->reuse_id == gt_io_id(io) && sc->reuse_ubuf == ubuf &&
 		    sc->reuse_max == max && sc->reuse_n && sc->reuse_n <= max && sc->scan.end >= 0;
 	sc->reuse_id = 0;
 	io->scan_gen = 0;
@@ -102,10 +102,10 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 		}
 		if (nr == 0 || nr > GT_SCRATCH - 128)
 			return -1;
-		if (!(attempt == 0 && pre) && bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
-			return -1;
 		if (attempt == 0 && pre)
-			gt_stat_add(GT_STAT_SCAN_PREREAD, 1);
+			gt_stat_add(GT_STAT_SCAN_PREREAD, 1); // buf holds these bytes already
+		else if (bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
+			return -1;
 		n = carry + nr;
 		// The start line is not a header (gt_start_request copied the path).
 		gt_scan_begin(sc, first ? 1 : (carry ? 0 : d->mid_line));

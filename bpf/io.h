@@ -52,6 +52,13 @@ struct gt_msghdr {
 	__u64 iovlen;
 };
 
+// The calling thread's pid_tgid, rebuilt from io: what the per-CPU scratch
+// tags its kept reads with (struct gt_scratch reuse_id, pre_id).
+static __always_inline __u64 gt_io_id(const struct gt_io *io)
+{
+	return (__u64)io->tgid << 32 | io->tid;
+}
+
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
 {
 	// A trusted BTF pointer: plain (CO-RE relocated) loads, no helper call

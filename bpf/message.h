@@ -73,10 +73,10 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 		return -1;
 	// The same bytes as the injection scan of this very write read, when it
 	// is ours: keep that scan; anyone else's is void once buf changes.
-	if (sc->reuse_id != ((__u64)io->tgid << 32 | io->tid) || sc->reuse_ubuf != ubuf)
+	if (sc->reuse_id != gt_io_id(io) || sc->reuse_ubuf != ubuf)
 		sc->reuse_id = 0;
 	__u32 n = avail > GT_PATH_MAX + 16 ? GT_PATH_MAX + 16 : avail;
-	if (sc->pre_id != ((__u64)io->tgid << 32 | io->tid) || sc->pre_ubuf != ubuf || sc->pre_n < n) {
+	if (sc->pre_id != gt_io_id(io) || sc->pre_ubuf != ubuf || sc->pre_n < n) {
 		sc->pre_id = 0;
 		if (bpf_probe_read_user(sc->buf, n & 0xff, (void *)ubuf))
 			return -1;
@@ -263,7 +263,7 @@ __noinline int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __
 	__u32 got = avail < room ? avail : room;
 	if (got == 0 || got > GT_PEEK)
 		return -1;
-	__u64 id = (__u64)io->tgid << 32 | io->tid;
+	__u64 id = gt_io_id(io);
 	// Not over injection's scan of this very write (sys_enter), which the
 	// header parse reuses whole.
 	if (!pl && c->dir[io->dir & 1].phase == GT_PH_IDLE && !(sc->reuse_id == id && sc->reuse_ubuf == ubuf)) {

@@ -27,9 +27,9 @@ type pyTargets struct {
 	// for a late `import uvloop`.
 	uvProbes map[int]io.Closer
 	uvWatch  map[int]bool
-	// pure: processes that only serve, their probes and layout off
-	// (pureWatch); watching: each process's one use watcher.
-	pure     map[int]bool
+	// watching: each process's one use watcher, which also says whether
+	// the process only serves and has its probes and layout off
+	// (pureLocked).
 	watching map[int]*pureWatch
 	want     bool
 	pending  sync.WaitGroup // adds still inspecting (wait)
@@ -43,7 +43,7 @@ func needsPy(m groups.Mask) bool {
 
 func newPyTargets(t *agent, m groups.Mask) *pyTargets {
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
-		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, pure: map[int]bool{}, watching: map[int]*pureWatch{},
+		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, watching: map[int]*pureWatch{},
 		want: needsPy(m)}
 }
 
@@ -104,7 +104,7 @@ func (p *pyTargets) add(pid int) {
 func (p *pyTargets) attach(pid int, in *python.Interpreter) {
 	p.mu.Lock()
 	_, has := p.probes[pid]
-	pure := p.pure[pid]
+	pure := p.pureLocked(pid)
 	p.mu.Unlock()
 	if has || pure {
 		return
@@ -115,7 +115,7 @@ func (p *pyTargets) attach(pid int, in *python.Interpreter) {
 		return
 	}
 	p.mu.Lock()
-	if _, dup := p.probes[pid]; dup || p.interp[pid] != in || !p.want || p.pure[pid] {
+	if _, dup := p.probes[pid]; dup || p.interp[pid] != in || !p.want || p.pureLocked(pid) {
 		p.mu.Unlock()
 		_ = c.Close() // set up meanwhile, or no longer wanted
 		return
@@ -177,7 +177,7 @@ func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
 		}
 		time.Sleep(d)
 		p.mu.Lock()
-		stop := !p.uvWatch[pid] || p.interp[pid] != in || !p.want || p.pure[pid]
+		stop := !p.uvWatch[pid] || p.interp[pid] != in || !p.want || p.pureLocked(pid)
 		p.mu.Unlock()
 		if stop || p.tryUVloop(pid, in) {
 			return
@@ -217,7 +217,7 @@ func (p *pyTargets) tryUVloop(pid int, in *python.Interpreter) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, dup := p.uvProbes[pid]; dup || p.interp[pid] != in || !p.want || p.pure[pid] {
+	if _, dup := p.uvProbes[pid]; dup || p.interp[pid] != in || !p.want || p.pureLocked(pid) {
 		_ = c.Close()
 		return true
 	}
@@ -286,6 +286,12 @@ func (w *pureWatch) step(n spans.ReqCounts, now time.Time) pureStep {
 	return pureKeep
 }
 
+// pureLocked: pid only serves, its probes and layout are off. Under p.mu.
+func (p *pyTargets) pureLocked(pid int) bool {
+	w := p.watching[pid]
+	return w != nil && w.off
+}
+
 // watchUse runs w over pid while it is traced with the probes wanted and w
 // is its watcher.
 func (p *pyTargets) watchUse(pid int, in *python.Interpreter, w *pureWatch) {
@@ -299,8 +305,7 @@ func (p *pyTargets) watchUse(pid int, in *python.Interpreter, w *pureWatch) {
 		}
 		switch w.step(n, time.Now()) {
 		case pureDetach:
-			p.pure[pid] = true
-			p.detachUVLocked(pid)
+			p.detachUVLocked(pid) // the watcher says pure now: no layout back
 			if c, ok := p.probes[pid]; ok {
 				_ = c.Close()
 				delete(p.probes, pid)
@@ -310,7 +315,6 @@ func (p *pyTargets) watchUse(pid int, in *python.Interpreter, w *pureWatch) {
 			p.t.log.Info("python probes off: the process only serves", "pid", pid, "answered", n.Answered)
 			continue
 		case pureReattach:
-			delete(p.pure, pid)
 			delete(p.watching, pid)
 			err := p.t.kern.SetPython(pid, in.Params)
 			p.mu.Unlock()
@@ -331,7 +335,7 @@ func (p *pyTargets) detachUVLocked(pid int) {
 	if c, ok := p.uvProbes[pid]; ok {
 		_ = c.Close()
 		delete(p.uvProbes, pid)
-		if in, ok := p.interp[pid]; ok && !p.pure[pid] {
+		if in, ok := p.interp[pid]; ok && !p.pureLocked(pid) {
 			_ = p.t.kern.SetPython(pid, in.Params)
 		}
 	}
@@ -350,7 +354,6 @@ func (p *pyTargets) take(pid int) []io.Closer {
 	defer p.mu.Unlock()
 	var out []io.Closer
 	delete(p.uvWatch, pid)
-	delete(p.pure, pid)
 	delete(p.watching, pid)
 	if c, ok := p.uvProbes[pid]; ok {
 		out = append(out, c)
@@ -374,17 +377,16 @@ func (p *pyTargets) setMask(m groups.Mask) {
 	todo := map[int]*python.Interpreter{}
 	for pid, in := range p.interp {
 		if p.want {
-			if !p.pure[pid] {
+			if !p.pureLocked(pid) {
 				todo[pid] = in
 			}
 			continue
 		}
-		delete(p.watching, pid)
-		if p.pure[pid] {
+		if p.pureLocked(pid) {
 			// Back to the layout every process has without the probes.
-			delete(p.pure, pid)
 			_ = p.t.kern.SetPython(pid, in.Params)
 		}
+		delete(p.watching, pid)
 		if c, ok := p.probes[pid]; ok {
 			p.detachUVLocked(pid)
 			_ = c.Close()
