@@ -20,44 +20,45 @@ ROUTES = ["responses", "chat_completions", "messages"]
 
 
 def build_rows(a):
-    rows = []
-    for i in range(a.rollouts):
-        content = f"What is the weather? (task {i // a.repeats})"
-        kib = 0
-        if a.large_bodies:
-            # A whole conversation, as Gym's model calls carry: 80 to 200 KiB,
-            # different per row.
-            kib = 80 + (i * 37) % 121
-            content += " " + ("lorem ipsum " * (kib * 1024 // 12 + 1))[:kib * 1024]
-        ids = {"_ng_task_index": i // a.repeats, "_ng_rollout_index": i % a.repeats}
-        if a.attempt_index is not None:
-            ids["_ng_attempt_index"] = a.attempt_index
-        if a.explicit_ids:
-            ids["_ng_rollout_id"] = f"r{i:05d}"
-        # With large bodies the _ng_* keys go last, after the large content
-        # (json keeps insertion order), as in a Gym row whose fields come first.
-        row = {} if a.large_bodies else dict(ids)
-        row["responses_create_params"] = {"input": [{"role": "user", "content": content}]}
-        knobs = {"turns": a.turns}
-        if kib:
-            knobs["body_kib"] = kib
-        knobs["model_route"] = ROUTES[i % 3] if a.model_route == "mixed" else a.model_route
-        if a.stream:
-            knobs["stream"] = True
-        if a.prefix == "all" or (a.prefix == "mixed" and i % 2 == 1):
-            knobs["prefix"] = True
-        if a.sandbox:
-            knobs["sandbox"] = a.sandbox
-            knobs["sandbox_rc"] = a.sandbox_rc
-        if a.verify_sandbox:
-            knobs["verify_sandbox"] = a.verify_sandbox
-        if a.fail_every and (i + 1) % a.fail_every == 0:
-            knobs["fail"] = 500
-        row["gt"] = knobs
-        if a.large_bodies:
-            row.update(ids)
-        rows.append(row)
-    return rows
+    return [build_row(a, i) for i in range(a.rollouts)]
+
+
+def build_row(a, i):
+    content = f"What is the weather? (task {i // a.repeats})"
+    kib = 0
+    if a.large_bodies:
+        # A whole conversation, as Gym's model calls carry: 80 to 200 KiB,
+        # different per row.
+        kib = 80 + (i * 37) % 121
+        content += " " + ("lorem ipsum " * (kib * 1024 // 12 + 1))[:kib * 1024]
+    ids = {"_ng_task_index": i // a.repeats, "_ng_rollout_index": i % a.repeats}
+    if a.attempt_index is not None:
+        ids["_ng_attempt_index"] = a.attempt_index
+    if a.explicit_ids:
+        ids["_ng_rollout_id"] = f"r{i:05d}"
+    # With large bodies the _ng_* keys go last, after the large content
+    # (json keeps insertion order), as in a Gym row whose fields come first.
+    row = {} if a.large_bodies else dict(ids)
+    row["responses_create_params"] = {"input": [{"role": "user", "content": content}]}
+    knobs = {"turns": a.turns}
+    if kib:
+        knobs["body_kib"] = kib
+    knobs["model_route"] = ROUTES[i % 3] if a.model_route == "mixed" else a.model_route
+    if a.stream:
+        knobs["stream"] = True
+    if a.prefix == "all" or (a.prefix == "mixed" and i % 2 == 1):
+        knobs["prefix"] = True
+    if a.sandbox:
+        knobs["sandbox"] = a.sandbox
+        knobs["sandbox_rc"] = a.sandbox_rc
+    if a.verify_sandbox:
+        knobs["verify_sandbox"] = a.verify_sandbox
+    if a.fail_every and (i + 1) % a.fail_every == 0:
+        knobs["fail"] = 500
+    row["gt"] = knobs
+    if a.large_bodies:
+        row.update(ids)
+    return row
 
 
 def agent_url_from_config(name):
@@ -98,9 +99,22 @@ async def collect(a, rows):
             res["duration_s"] = round(time.perf_counter() - t0, 6)
             results.append(res)
 
+    async def until(deadline, worker):
+        # --duration: each of the --concurrency workers sends its next
+        # rollout until the deadline, then the ones in flight finish.
+        i = worker
+        while time.perf_counter() < deadline:
+            row = build_row(a, i)
+            rows.append(row)
+            await one(row)
+            i += a.concurrency
+
     t0 = time.perf_counter()
     try:
-        await asyncio.gather(*(one(r) for r in rows))
+        if a.duration:
+            await asyncio.gather(*(until(t0 + a.duration, w) for w in range(a.concurrency)))
+        else:
+            await asyncio.gather(*(one(r) for r in rows))
         elapsed = time.perf_counter() - t0
         aggregate = None
         if a.aggregate:
@@ -119,6 +133,8 @@ def main():
                    help="with NEMO_GYM_CONFIG_DICT set and no --agent-url: the agent's server name")
     p.add_argument("--rollouts", type=int, default=8, help="number of /run requests (rows)")
     p.add_argument("--concurrency", type=int, default=4, help="max /run requests in flight")
+    p.add_argument("--duration", type=float, default=0,
+                   help="send rollouts for this many seconds instead of --rollouts (then let those in flight finish)")
     p.add_argument("--repeats", type=int, default=1, help="rollouts per task: row i is task i//R, rollout i%%R")
     p.add_argument("--attempt-index", type=int, help="set _ng_attempt_index on every row (rollout id gets -aN)")
     p.add_argument("--explicit-ids", action="store_true", help="set _ng_rollout_id=rNNNNN on every row")
@@ -141,13 +157,13 @@ def main():
     p.add_argument("--results", help="write one JSON line per rollout here")
     p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"), help="ground-truth file (append)")
     a = p.parse_args()
-    if a.rollouts < 0 or a.concurrency < 1 or a.repeats < 1:
-        p.error("--rollouts must be >= 0, --concurrency and --repeats >= 1")
+    if a.rollouts < 0 or a.concurrency < 1 or a.repeats < 1 or a.duration < 0:
+        p.error("--rollouts and --duration must be >= 0, --concurrency and --repeats >= 1")
     if not a.agent_url:
         a.agent_url = agent_url_from_config(a.agent_name)
     a.agent_url = a.agent_url.rstrip("/")
 
-    rows = build_rows(a)
+    rows = [] if a.duration else build_rows(a)
     if a.loop == "uvloop":
         import uvloop
         uvloop.install()

@@ -117,6 +117,16 @@ class StackTest(unittest.TestCase):
             c = subprocess.run(ready["collector_argv"] + ["--rollouts", "3"], capture_output=True, text=True, timeout=60)
             self.assertEqual(c.returncode, 0, c.stderr)
             self.assertEqual(json.loads(c.stdout)["ok"], 3)
+            # --duration: rollouts for that long (the bench's twin phase),
+            # each with its own id, all of them finished.
+            c = subprocess.run(ready["collector_argv"] + ["--rollouts", "0", "--duration", "0.5", "--concurrency", "2"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(c.returncode, 0, c.stderr)
+            summary = json.loads(c.stdout)
+            self.assertGreater(summary["rollouts"], 2, summary)
+            self.assertEqual(summary["ok"], summary["rollouts"])
+            self.assertEqual(len(set(summary["rollout_ids"])), summary["rollouts"])
+            self.assertGreaterEqual(summary["elapsed_s"], 0.5)
         finally:
             r.send_signal(signal.SIGTERM)
             out, err = r.communicate(timeout=30)

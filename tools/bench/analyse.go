@@ -14,7 +14,9 @@ func (rep *Report) analyse() {
 	rep.analyseWorkload()
 	rep.analyseTax()
 	rep.analyseCapacity()
+	rep.analyseTwin()
 	rep.targets()
+	rep.twinTargets()
 }
 
 func (rep *Report) analyseWorkload() {

@@ -568,3 +568,98 @@ func TestCostTargets(t *testing.T) {
 		}
 	}
 }
+
+func TestTwinAnalysis(t *testing.T) {
+	run := func(cfg string, round int, cpu, rolls, tracer float64) twinRun {
+		// The twin: 1000 ms for 100 rollouts in 5 s, every round.
+		return twinRun{Config: cfg, Round: round, Copy: "A", Rollouts: int(rolls), CPUMs: cpu, ElapsedS: 5,
+			TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, TracerCPUMs: tracer}
+	}
+	rep := &Report{Raw: RawRuns{Twin: []twinRun{
+		run("untraced, A against B", 0, 990, 100, 0), run("untraced, A against B", 1, 1010, 100, 0),
+		run("default", 0, 1030, 100, 20), run("default", 1, 1050, 100, 20),
+		run("Gym telemetry default, no-op", 0, 1800, 90, 0), run("Gym telemetry default, no-op", 1, 1800, 90, 0),
+		{Config: "per_rollout", Round: 0, Invalid: "a collector finished no rollout"},
+	}}}
+	rep.analyse()
+	by := map[string]TwinRow{}
+	for _, r := range rep.Twin {
+		by[r.Config] = r
+	}
+	if _, ok := by["per_rollout"]; ok {
+		t.Fatal("a row whose only run is invalid must not be analysed")
+	}
+	d := by["default"]
+	if d.Rounds != 2 || !near(d.StackCPU.Mean, math.Sqrt(1.03*1.05), 1e-9) || !near(d.AgentCPUPct, 100*(20.0/1030+20.0/1050)/2, 1e-9) {
+		t.Fatalf("default row = %+v", d)
+	}
+	if !(d.WithAgent.Mean > d.StackCPU.Mean) || !near(d.Throughput.Mean, 1, 1e-9) {
+		t.Fatalf("with the agent %+v must exceed the servers alone %+v; throughput %+v", d.WithAgent, d.StackCPU, d.Throughput)
+	}
+	g := by["Gym telemetry default, no-op"]
+	if !near(g.StackCPU.Mean, 2, 1e-9) || !near(g.Throughput.Mean, 0.9, 1e-9) || !g.GymTelemetry {
+		t.Fatalf("Gym row = %+v", g)
+	}
+	got := map[string]string{}
+	for _, r := range rep.Targets {
+		got[r.What] = r.Measured + " " + r.Verdict
+	}
+	for k, v := range map[string]string{
+		"twin stacks, sid: servers' added CPU per rollout, default":                                   pctOver(d.StackCPU) + " ok?",
+		"twin stacks, sid: servers' added CPU per rollout at default as a share of Gym telemetry B's": fmtIv(shareOfAdded(d.StackCPU, g.StackCPU), 3) + " ok?",
+		"twin stacks, sid: the method's own error (neither copy traced)":                              fmtIv(by["untraced, A against B"].StackCPU, 3) + " info",
+	} {
+		if got[k] != v {
+			t.Errorf("%s: %q, want %q", k, got[k], v)
+		}
+	}
+	if tb, ok := rep.twinTable(); !ok || len(tb.rows) != 4 {
+		t.Fatalf("twin table: %v rows", len(tb.rows))
+	}
+	// The phase ran but made no row: incomplete, unless it was skipped.
+	empty := &Report{}
+	if err := empty.complete(map[string]bool{"twin": true}); err == nil {
+		t.Fatal("a twin phase without rows must be incomplete")
+	}
+	empty.Skipped = map[string]string{"twin: default": "no sid root"}
+	if err := empty.complete(map[string]bool{"twin": true}); err != nil {
+		t.Fatalf("a skipped twin phase is complete: %v", err)
+	}
+}
+
+func TestBalancedRatioCI(t *testing.T) {
+	// Copy A costs 4 % more than B whatever is traced; tracing adds 5 %.
+	a := []float64{1.05 * 1.04 * 1.01, 1.05 * 1.04 * 0.99, 1.05 * 1.04 * 1.005}
+	b := []float64{1.05 * 1.01, 1.05 * 0.99, 1.05 * 0.995}
+	iv := balancedRatioCI(map[string][]float64{"A": a, "B": b})
+	if !near(iv.Mean, 1.05*math.Sqrt(1.04), 1e-3) || iv.N != 6 {
+		t.Fatalf("balanced mean = %+v, want about %.4f", iv, 1.05*math.Sqrt(1.04))
+	}
+	pooled := RatioCI(append(slices.Clone(a), b...))
+	if !(iv.Hi-iv.Lo < pooled.Hi-pooled.Lo) {
+		t.Fatalf("the copies' difference must stay out of the interval: balanced %+v, pooled %+v", iv, pooled)
+	}
+	if !(iv.Lo < iv.Mean && iv.Mean < iv.Hi) {
+		t.Fatalf("interval %+v", iv)
+	}
+	// One half too small: all ratios together.
+	if got, want := balancedRatioCI(map[string][]float64{"A": a, "B": b[:1]}), RatioCI(append(slices.Clone(a), b[0])); got != want {
+		t.Fatalf("fallback = %+v, want %+v", got, want)
+	}
+}
+
+func TestTwinFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--gymtrace", "x", "--short"})
+	if err != nil || o.twinRounds != 2 || o.twinWindow != 3*time.Second || o.twinConc != 4 || o.twinRuntime != runtimeSid {
+		t.Fatalf("short defaults: %+v %v", o, err)
+	}
+	o, err = parseFlags([]string{"--gymtrace", "x"})
+	if err != nil || o.twinRounds != 10 || o.twinWindow != 6*time.Second {
+		t.Fatalf("full defaults: %+v %v", o, err)
+	}
+	for _, bad := range [][]string{{"--twin-runtime", "trixie"}, {"--twin-window", "100ms"}, {"--twin-concurrency", "0"}} {
+		if _, err := parseFlags(append([]string{"--gymtrace", "x"}, bad...)); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}

@@ -13,7 +13,10 @@
 //     of an empty program on the same tracepoints;
 //  4. the agent's capacity: spans/s per core with no ring-buffer loss, CPU
 //     per 1000 spans, peak RSS, driven by wrk against a compiled server;
-//  5. the kernel gate against copying every message out (no-gate mode).
+//  5. the kernel gate against copying every message out (no-gate mode);
+//  6. twin stacks: two copies of the stack loaded at once, one traced (or
+//     running Gym's telemetry) and one not, so the host's noise cancels
+//     from the servers' CPU ratio (twin.go).
 //
 // It prints one table and writes it as JSON. It never fails on a number:
 // it exits non-zero only when it could not measure (the table is incomplete).
@@ -70,6 +73,9 @@ type options struct {
 	capConns                           string
 	settle                             time.Duration
 	perfDir                            string
+	twinRounds, twinConc               int
+	twinRows, twinRuntime              string
+	twinWindow                         time.Duration
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -84,7 +90,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.mdOut, "markdown", "", "write the table as Markdown here")
 	fs.StringVar(&o.from, "from", "", "analyse the raw runs of an earlier --json FILE again instead of measuring")
 	fs.BoolVar(&o.short, "short", false, "smoke run of about 2-3 minutes (CI); the default is the full run")
-	fs.StringVar(&o.phases, "phases", "workload,tax,capacity", "phases to run (workload includes per-program cost and the gate)")
+	fs.StringVar(&o.phases, "phases", "workload,tax,capacity,twin", "phases to run (workload includes per-program cost and the gate; twin: two copies of the stack at once, one traced)")
 	fs.StringVar(&o.baseline, "baseline", "", "an older gymtrace binary: every traced workload row also runs with it, in the same rounds, as \"<row>, baseline\" (to compare two builds side by side)")
 	fs.StringVar(&o.configs, "configs", "", "only the workload rows whose name contains one of these comma-separated words, or, as =NAME, the row NAME itself (separate those by ;), with their untraced rows (default: every row)")
 	fs.IntVar(&o.rounds, "rounds", 0, "interleaved rounds of the workload, best even: rounds run in forward-backward pairs (default 2 short, 10 full)")
@@ -98,6 +104,11 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.capSeconds, "capacity-seconds", 0, "seconds of wrk load per capacity run (default 3 short, 10 full)")
 	fs.IntVar(&o.capReps, "capacity-reps", 0, "capacity runs per exporter (default 1 short, 2 full)")
 	fs.StringVar(&o.capConns, "capacity-rates", "", "offered request rates for the capacity phase, comma-separated; 0 = as fast as wrk goes (default 5000,0 short, 5000,10000,20000,0 full)")
+	fs.IntVar(&o.twinRounds, "twin-rounds", 0, "rounds of the twin phase (default 2 short, 10 full)")
+	fs.IntVar(&o.twinConc, "twin-concurrency", 4, "rollouts in flight on each copy in the twin phase")
+	fs.StringVar(&o.twinRows, "twin-rows", "", "only the twin rows whose name contains one of these comma-separated words (default: every row; --short: default)")
+	fs.StringVar(&o.twinRuntime, "twin-runtime", runtimeSid, "the twin phase's runtime: sid (CPython 3.14, uvloop) or sid-asyncio (the default loop)")
+	fs.DurationVar(&o.twinWindow, "twin-window", 0, "load per twin run, on both copies at once (default 3s short, 6s full)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -118,6 +129,19 @@ func parseFlags(args []string) (*options, error) {
 	def(&o.taxIters, 200000, 2000000)
 	def(&o.capSeconds, 3, 10)
 	def(&o.capReps, 1, 2)
+	def(&o.twinRounds, 2, 10)
+	if o.twinWindow == 0 {
+		o.twinWindow = 6 * time.Second
+		if o.short {
+			o.twinWindow = 3 * time.Second
+		}
+	}
+	if o.twinRuntime != runtimeSid && o.twinRuntime != runtimeSidAsyncio {
+		return nil, fmt.Errorf("--twin-runtime %q: want %s or %s", o.twinRuntime, runtimeSid, runtimeSidAsyncio)
+	}
+	if o.twinConc < 1 || o.twinWindow < time.Second {
+		return nil, fmt.Errorf("--twin-concurrency %d, --twin-window %s: want at least 1 and 1s", o.twinConc, o.twinWindow)
+	}
 	if o.capConns == "" {
 		o.capConns = "5000,10000,20000,0"
 		if o.short {
@@ -154,11 +178,11 @@ func run(args []string) int {
 	phases := map[string]bool{}
 	for _, p := range strings.Split(o.phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "workload", "tax", "capacity":
+		case "workload", "tax", "capacity", "twin":
 			phases[p] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "gtbench: unknown phase %q (workload, tax, capacity)\n", p)
+			fmt.Fprintf(os.Stderr, "gtbench: unknown phase %q (workload, tax, capacity, twin)\n", p)
 			return 2
 		}
 	}
@@ -195,6 +219,10 @@ func run(args []string) int {
 		CapSeconds: o.capSeconds, CapReps: o.capReps, CapRates: o.conns, RecordBytes: ringbufRecordBytes(), Phases: o.phases, Configs: o.configs,
 		Baseline: o.baseline,
 	}}
+	if phases["twin"] {
+		rep.Settings.TwinRounds, rep.Settings.TwinConcurrency, rep.Settings.TwinWindowS = o.twinRounds, o.twinConc, o.twinWindow.Seconds()
+		rep.Settings.TwinRuntime = o.twinRuntime
+	}
 	if v := rep.Machine.BPFStatsSysctl; v == "1" {
 		rep.Notes = append(rep.Notes, "kernel.bpf_stats_enabled was already 1 when the run started: every BPF program on the host paid for two clock reads per run throughout (floor and gymtrace alike)")
 	}
@@ -238,6 +266,22 @@ func run(args []string) int {
 		}
 		rep.Raw.Capacity, err = runCapacity(ctx, capOptions{Gymtrace: o.gymtrace, Server: o.server, Sink: o.sink, Dir: o.work,
 			Seconds: o.capSeconds, Rates: o.conns, Reps: o.capReps, Exporters: exporters, LoadCPUs: load, TracerCPUs: tracer, Log: log})
+		if err != nil {
+			failures = append(failures, err.Error())
+		}
+	}
+	if phases["twin"] && ctx.Err() == nil {
+		var skipped map[string]string
+		rep.Raw.Twin, skipped, err = runTwin(ctx, twinOptions{Root: root, Dir: o.work, Gymtrace: o.gymtrace, Rounds: o.twinRounds,
+			Concurrency: o.twinConc, Warmup: o.warmup, Window: o.twinWindow, Settle: o.settle, Short: o.short, Rows: o.twinRows, PerfDir: o.perfDir, Baseline: o.baseline, Runtime: o.twinRuntime, Log: log})
+		for row, why := range skipped {
+			if rep.Skipped == nil {
+				rep.Skipped = map[string]string{}
+			}
+			rep.Skipped[row] = why
+			rep.Notes = append(rep.Notes, fmt.Sprintf("skipped %s: %s", row, why))
+		}
+		rep.Notes = append(rep.Notes, twinNotes(rep.Raw.Twin)...)
 		if err != nil {
 			failures = append(failures, err.Error())
 		}

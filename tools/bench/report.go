@@ -17,6 +17,7 @@ type Report struct {
 	Tax      []TaxRow      `json:"untargeted_tax"`
 	Capacity []CapacityRow `json:"agent_capacity"`
 	Gate     []GateRow     `json:"gate"`
+	Twin     []TwinRow     `json:"twin,omitempty"`
 	Targets  []TargetRow   `json:"targets"`
 	Notes    []string      `json:"notes,omitempty"`
 	// Skipped: workload rows that could not run here, and why.
@@ -37,25 +38,30 @@ type Machine struct {
 }
 
 type Settings struct {
-	Rounds      int      `json:"rounds"`
-	Rollouts    int      `json:"rollouts"`
-	Concurrency int      `json:"concurrency"`
-	TaxRounds   int      `json:"tax_rounds"`
-	TaxIters    int      `json:"tax_iterations"`
-	CapSeconds  int      `json:"capacity_seconds"`
-	CapReps     int      `json:"capacity_reps"`
-	CapRates    []int    `json:"capacity_offered_rates"`
-	RecordBytes uint64   `json:"ringbuf_record_bytes"`
-	Phases      string   `json:"phases"`
-	Configs     string   `json:"configs,omitempty"`  // --configs filter`
-	Baseline    string   `json:"baseline,omitempty"` // --baseline binary: each traced row has a twin run with it
-	FloorHooks  []string `json:"floor_hooks,omitempty"`
+	Rounds          int      `json:"rounds"`
+	Rollouts        int      `json:"rollouts"`
+	Concurrency     int      `json:"concurrency"`
+	TaxRounds       int      `json:"tax_rounds"`
+	TaxIters        int      `json:"tax_iterations"`
+	CapSeconds      int      `json:"capacity_seconds"`
+	CapReps         int      `json:"capacity_reps"`
+	CapRates        []int    `json:"capacity_offered_rates"`
+	RecordBytes     uint64   `json:"ringbuf_record_bytes"`
+	Phases          string   `json:"phases"`
+	Configs         string   `json:"configs,omitempty"`  // --configs filter`
+	Baseline        string   `json:"baseline,omitempty"` // --baseline binary: each traced row has a twin run with it
+	FloorHooks      []string `json:"floor_hooks,omitempty"`
+	TwinRounds      int      `json:"twin_rounds,omitempty"`
+	TwinConcurrency int      `json:"twin_concurrency,omitempty"`
+	TwinRuntime     string   `json:"twin_runtime,omitempty"`
+	TwinWindowS     float64  `json:"twin_window_s,omitempty"`
 }
 
 type RawRuns struct {
-	Workload []wlRun  `json:"workload,omitempty"`
-	Tax      []taxRun `json:"tax,omitempty"`
-	Capacity []capRun `json:"capacity,omitempty"`
+	Workload []wlRun   `json:"workload,omitempty"`
+	Tax      []taxRun  `json:"tax,omitempty"`
+	Capacity []capRun  `json:"capacity,omitempty"`
+	Twin     []twinRun `json:"twin,omitempty"`
 }
 
 // WorkloadRow compares one traced configuration with untraced runs of the
@@ -180,6 +186,13 @@ func (rep *Report) complete(phases map[string]bool) error {
 	}
 	if phases["tax"] && len(rep.Tax) != len(loopKinds) {
 		miss = append(miss, "untargeted tax rows")
+	}
+	twinSkipped := false // the phase ran, but its rows could not (noted)
+	for k := range rep.Skipped {
+		twinSkipped = twinSkipped || strings.HasPrefix(k, "twin: ")
+	}
+	if phases["twin"] && len(rep.Twin) == 0 && !twinSkipped {
+		miss = append(miss, "twin rows")
 	}
 	if phases["capacity"] && len(rep.Capacity) == 0 {
 		miss = append(miss, "agent capacity rows")

@@ -219,6 +219,19 @@ type collectorSummary struct {
 // collect runs the collector once and returns its summary and the /run
 // latency of every rollout (seconds).
 func (s *stack) collect(ctx context.Context, dir string, rollouts, conc int) (collectorSummary, []float64, error) {
+	return s.collectLoad(ctx, dir, conc, "--rollouts", strconv.Itoa(rollouts))
+}
+
+// collectFor runs the collector for d of sending (then the rollouts in
+// flight finish): two stacks loaded for the same seconds (the twin phase).
+func (s *stack) collectFor(ctx context.Context, dir string, d time.Duration, conc int) (collectorSummary, error) {
+	sum, _, err := s.collectLoad(ctx, dir, conc, "--rollouts", "0", "--duration", strconv.FormatFloat(d.Seconds(), 'f', 3, 64))
+	return sum, err
+}
+
+// collectLoad runs the collector once with load (--rollouts N, or
+// --duration S) at concurrency conc.
+func (s *stack) collectLoad(ctx context.Context, dir string, conc int, load ...string) (collectorSummary, []float64, error) {
 	var sum collectorSummary
 	results, arg := filepath.Join(dir, "results.jsonl"), ""
 	if s.chroot != "" {
@@ -227,7 +240,7 @@ func (s *stack) collect(ctx context.Context, dir string, rollouts, conc int) (co
 		arg = results
 	}
 	os.Remove(results)
-	argv := append(append([]string{}, s.collector...), "--rollouts", strconv.Itoa(rollouts),
+	argv := append(append(append([]string{}, s.collector...), load...),
 		"--concurrency", strconv.Itoa(conc), "--results", arg)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()

@@ -157,6 +157,9 @@ func (rep *Report) tables() []table {
 	if t, ok := rep.gymTelTable(); ok {
 		out = append(out, t)
 	}
+	if t, ok := rep.twinTable(); ok {
+		out = append(out, t)
+	}
 	if len(rep.Targets) > 0 {
 		t := table{title: "Targets"}
 		t.rows = append(t.rows, []string{"what", "target", "measured", "verdict"})

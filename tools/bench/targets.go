@@ -77,10 +77,7 @@ func (rep *Report) targets() {
 		if !ok || !b.StackCPU.Valid() || b.StackCPU.Mean <= 1 {
 			continue
 		}
-		// gymtrace's interval over B's mean: B's own spread is left out
-		// (it is several times further from 1 than gymtrace's).
-		over := b.StackCPU.Mean - 1
-		iv := Interval{Mean: (g.StackCPU.Mean - 1) / over, Lo: (g.StackCPU.Lo - 1) / over, Hi: (g.StackCPU.Hi - 1) / over, N: g.StackCPU.N}
+		iv := shareOfAdded(g.StackCPU, b.StackCPU)
 		add("servers' added CPU per rollout, default, "+fam+", as a share of Gym telemetry B's (no-op exporter)",
 			fmt.Sprintf("<= %.2f", maxOfGymNoop), fmtIv(iv, 3), verdict(iv, maxOfGymNoop, false))
 	}
@@ -113,6 +110,14 @@ func (rep *Report) targets() {
 	if len(rep.Gate) == 2 && rep.Gate[0].BytesPerRoll > 0 {
 		add("gate's worth (verify): bytes copied out, no gate / gate", "> 1", fmt.Sprintf("%.1fx", rep.Gate[1].BytesPerRoll/rep.Gate[0].BytesPerRoll), "info")
 	}
+}
+
+// shareOfAdded is what g adds over 1 as a share of what b adds: gymtrace's
+// interval over B's mean. B's own spread is left out (it is several times
+// further from 1 than gymtrace's).
+func shareOfAdded(g, b Interval) Interval {
+	over := b.Mean - 1
+	return Interval{Mean: (g.Mean - 1) / over, Lo: (g.Lo - 1) / over, Hi: (g.Hi - 1) / over, N: g.N}
 }
 
 func lossVerdict(c CapacityRow) string {
