@@ -663,3 +663,35 @@ func TestTwinFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestTwinRowsFor(t *testing.T) {
+	names := func(short bool, filter string) string {
+		rows, err := twinRowsFor(short, filter)
+		if err != nil {
+			return "error"
+		}
+		var out []string
+		for _, r := range rows {
+			out = append(out, r.Name)
+		}
+		return strings.Join(out, "|")
+	}
+	for _, c := range []struct {
+		short  bool
+		filter string
+		want   string
+	}{
+		{false, "", "untraced, A against B|groups off|default|per_rollout|server spans only|Gym telemetry default, no-op"},
+		{true, "", "default"},
+		{false, "groups off,per_rollout", "groups off|per_rollout"},
+		{false, "default", "default|Gym telemetry default, no-op"},
+		{false, "=default", "default"},
+		{false, "=default;=groups off", "groups off|default"},
+		{true, "server", "server spans only"},
+		{false, "nothing", "error"},
+	} {
+		if got := names(c.short, c.filter); got != c.want {
+			t.Errorf("short=%v %q: %s, want %s", c.short, c.filter, got, c.want)
+		}
+	}
+}

@@ -106,7 +106,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.capConns, "capacity-rates", "", "offered request rates for the capacity phase, comma-separated; 0 = as fast as wrk goes (default 5000,0 short, 5000,10000,20000,0 full)")
 	fs.IntVar(&o.twinRounds, "twin-rounds", 0, "rounds of the twin phase (default 2 short, 10 full)")
 	fs.IntVar(&o.twinConc, "twin-concurrency", 4, "rollouts in flight on each copy in the twin phase")
-	fs.StringVar(&o.twinRows, "twin-rows", "", "only the twin rows whose name contains one of these comma-separated words (default: every row; --short: default)")
+	fs.StringVar(&o.twinRows, "twin-rows", "", "only these twin rows, as --configs names them: comma-separated words a row's name contains, or =NAME (separate those by ;) (default: every row; --short: default)")
 	fs.StringVar(&o.twinRuntime, "twin-runtime", runtimeSid, "the twin phase's runtime: sid (CPython 3.14, uvloop) or sid-asyncio (the default loop)")
 	fs.DurationVar(&o.twinWindow, "twin-window", 0, "load per twin run, on both copies at once (default 3s short, 6s full)")
 	if err := fs.Parse(args); err != nil {

@@ -115,19 +115,9 @@ type twinOptions struct {
 // packages Gym's telemetry) with uvloop, or with the default asyncio loop
 // (o.Runtime). skipped names rows that cannot run.
 func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[string]string, err error) {
-	rows := twinRows
-	if o.Short {
-		rows = slices.DeleteFunc(slices.Clone(twinRows), func(c twinConfig) bool { return c.Name != "default" })
-	}
-	if o.Rows != "" {
-		rows = slices.DeleteFunc(slices.Clone(twinRows), func(c twinConfig) bool {
-			return !slices.ContainsFunc(strings.Split(o.Rows, ","), func(w string) bool {
-				return w != "" && strings.Contains(c.Name, strings.TrimSpace(w))
-			})
-		})
-		if len(rows) == 0 {
-			return nil, nil, fmt.Errorf("--twin-rows %q matches no twin row", o.Rows)
-		}
+	rows, err := twinRowsFor(o.Short, o.Rows)
+	if err != nil {
+		return nil, nil, err
 	}
 	skipped = map[string]string{}
 	if why := skipReasons([]wlConfig{{Name: "twin", Runtime: o.Runtime}}, "")["twin"]; why != "" {
@@ -150,13 +140,7 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 			gymExtra = []string{"--gym-telemetry", "noop", "--gym-span-groups", "default"}
 		}
 	}
-	var kept []twinConfig
-	for _, r := range rows {
-		if skipped["twin: "+r.Name] == "" {
-			kept = append(kept, r)
-		}
-	}
-	rows = kept
+	rows = slices.DeleteFunc(rows, func(r twinConfig) bool { return skipped["twin: "+r.Name] != "" })
 	if o.Baseline != "" {
 		// Each gymtrace row's twin with the older binary, in the same rounds.
 		var with []twinConfig
@@ -211,10 +195,10 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 				measured, twin = "gymtel", plain
 			}
 			run, err := twinOnce(ctx, o, row, r, measured, copies[measured], copies[twin])
-			run.Plain = plain
 			if err != nil {
 				return runs, skipped, fmt.Errorf("twin %q, round %d: %w", row.Name, r+1, err)
 			}
+			run.Plain = plain
 			o.Log.Info("twin run", "round", r+1, "config", row.Name, "copy", measured,
 				"cpu_ratio", fmt.Sprintf("%.3f", run.cpuRatio()), "throughput_ratio", fmt.Sprintf("%.3f", run.throughputRatio()),
 				"invalid", run.Invalid)
@@ -222,6 +206,25 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 		}
 	}
 	return runs, skipped, nil
+}
+
+// twinRowsFor are the rows a run measures: every row, `default` alone in a
+// short run, or those --twin-rows names (the words of --configs, matchRow:
+// "a,b" a name holds, "=NAME" the name itself, separated by ";").
+func twinRowsFor(short bool, filter string) ([]twinConfig, error) {
+	if filter == "" && !short {
+		return twinRows, nil
+	}
+	rows := slices.DeleteFunc(slices.Clone(twinRows), func(c twinConfig) bool {
+		if filter == "" {
+			return c.Name != "default"
+		}
+		return !slices.ContainsFunc(strings.Split(filter, ";"), func(w string) bool { return matchRow(c.Name, strings.TrimSpace(w)) })
+	})
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("--twin-rows %q matches no twin row", filter)
+	}
+	return rows, nil
 }
 
 // twinOnce measures one row: gymtrace attached to st (or st running Gym's

@@ -44,25 +44,27 @@ func (rep *Report) analyseTwin() {
 		}
 		by[r.Config] = append(by[r.Config], r)
 	}
+	// The row of twinRows a run's name is (or is the baseline of).
+	rowOf := func(name string) (int, twinConfig) {
+		base := strings.TrimSuffix(name, baselineSuffix)
+		i := slices.IndexFunc(twinRows, func(c twinConfig) bool { return c.Name == base })
+		if i < 0 {
+			return len(twinRows), twinConfig{}
+		}
+		return i, twinRows[i]
+	}
 	// The table's order: twinRows', each row followed by its baseline.
 	rank := func(name string) int {
-		base, isBase := strings.CutSuffix(name, baselineSuffix)
-		for i, c := range twinRows {
-			if c.Name == base {
-				return 2*i + map[bool]int{false: 0, true: 1}[isBase]
-			}
+		i, _ := rowOf(name)
+		if strings.HasSuffix(name, baselineSuffix) {
+			return 2*i + 1
 		}
-		return 2 * len(twinRows)
+		return 2 * i
 	}
 	slices.SortStableFunc(order, func(a, b string) int { return rank(a) - rank(b) })
 	for _, name := range order {
 		runs := by[name]
-		var cfg twinConfig
-		for _, c := range twinRows {
-			if c.Name == strings.TrimSuffix(name, baselineSuffix) {
-				cfg = c
-			}
-		}
+		_, cfg := rowOf(name)
 		cpu, withAgent, thr := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 		var agent, ms, twinMs, rps, twinRps []float64
 		for _, r := range runs {
