@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"os"
 	"errors"
 	"io"
 	"sync"
@@ -102,6 +103,9 @@ func (p *pyTargets) add(pid int) {
 // attach attaches pid's context link probe, then looks for uvloop; the slow
 // parts run without the lock.
 func (p *pyTargets) attach(pid int, in *python.Interpreter) {
+	if os.Getenv("GYMTRACE_PROF_NO_PYPROBES") == "1" {
+		return // cost experiments only: what the probes cost (docs/performance.md)
+	}
 	p.mu.Lock()
 	_, has := p.probes[pid]
 	pure := p.pureLocked(pid)

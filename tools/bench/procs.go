@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -189,6 +190,7 @@ type gymtraceOptions struct {
 	Bin     string
 	Args    []string // --pid, --span-groups, exporter flags
 	NoGate  bool     // GYMTRACE_BENCH_NO_GATE=1
+	Env     []string // more KEY=VALUE for gymtrace (cost-experiment hooks)
 	CPUs    string   // taskset list, "" for any
 	LogPath string
 }
@@ -203,7 +205,7 @@ func startGymtrace(ctx context.Context, o gymtraceOptions) (*gymtrace, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	argv := append([]string{o.Bin}, o.Args...)
 	argv = append(argv, "--metrics-addr", addr, "--discover=false")
-	var env []string
+	env := slices.Clone(o.Env)
 	if o.NoGate {
 		env = append(env, "GYMTRACE_BENCH_NO_GATE=1")
 	}

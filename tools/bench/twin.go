@@ -51,6 +51,7 @@ type twinConfig struct {
 	Untraced bool
 	// Baseline: the row runs the --baseline binary (rowConfigs' twin rows).
 	Baseline bool
+	Env      []string // more environment for gymtrace (its cost-experiment hooks)
 }
 
 // twinRows are the rows of a full run; --short keeps `default` only.
@@ -62,6 +63,11 @@ var twinRows = []twinConfig{
 	// SERVER spans only: the HTTP parser without asyncio parents (no
 	// Python probes anywhere): what `default` adds on top is theirs.
 	{Name: "server spans only", Spec: "server"},
+	// `default` with the asyncio-parent probes (the context-copy uretprobe,
+	// uvloop's write probe) never attached: what they cost. Not a
+	// configuration a user has (client spans lose their parents and
+	// traceparent its trace): an attribution row.
+	{Name: "default, no Python probes", Spec: "default", Env: []string{"GYMTRACE_PROF_NO_PYPROBES=1"}},
 	{Name: "Gym telemetry default, no-op", GymTel: true},
 }
 
@@ -242,6 +248,7 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 		gt, err = startGymtrace(ctx, gymtraceOptions{
 			Bin:     bin,
 			Args:    []string{"--pid", st.pidArg(), "--span-groups", row.Spec, "--exporter", "jsonl", "--output", "/dev/null"},
+			Env:     row.Env,
 			LogPath: filepath.Join(dir, fmt.Sprintf("gymtrace-r%d-%s.log", round, slug(row.Name))),
 		})
 		if err != nil {
