@@ -3,9 +3,9 @@
 package agent
 
 import (
-	"os"
 	"errors"
 	"io"
+	"os"
 	"sync"
 	"time"
 
