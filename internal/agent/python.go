@@ -42,10 +42,20 @@ func needsPy(m groups.Mask) bool {
 	return m.Has(groups.HTTPClient) || m.Has(groups.Sandbox)
 }
 
+// noPyProbes: GYMTRACE_PROF_NO_PYPROBES=1 never attaches the link probes
+// (the layout still goes to the kernel). Cost experiments only: what the
+// probes cost (docs/performance.md); client spans lose their parents.
+var noPyProbes = os.Getenv("GYMTRACE_PROF_NO_PYPROBES") == "1"
+
+// wantProbes: the groups need the link probes and no experiment forbids them.
+func wantProbes(m groups.Mask) bool {
+	return needsPy(m) && !noPyProbes
+}
+
 func newPyTargets(t *agent, m groups.Mask) *pyTargets {
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
 		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, watching: map[int]*pureWatch{},
-		want: needsPy(m)}
+		want: wantProbes(m)}
 }
 
 // add inspects a new target in the background: a process that has only just
@@ -103,9 +113,6 @@ func (p *pyTargets) add(pid int) {
 // attach attaches pid's context link probe, then looks for uvloop; the slow
 // parts run without the lock.
 func (p *pyTargets) attach(pid int, in *python.Interpreter) {
-	if os.Getenv("GYMTRACE_PROF_NO_PYPROBES") == "1" {
-		return // cost experiments only: what the probes cost (docs/performance.md)
-	}
 	p.mu.Lock()
 	_, has := p.probes[pid]
 	pure := p.pureLocked(pid)
@@ -377,7 +384,7 @@ func (p *pyTargets) take(pid int) []io.Closer {
 // setMask attaches or detaches the link probes as the groups change.
 func (p *pyTargets) setMask(m groups.Mask) {
 	p.mu.Lock()
-	p.want = needsPy(m)
+	p.want = wantProbes(m)
 	todo := map[int]*python.Interpreter{}
 	for pid, in := range p.interp {
 		if p.want {
