@@ -50,10 +50,16 @@ static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d,
 	}
 }
 
-// Parses (part of) a header block from the user buffer. first: the buffer
-// starts with the message's start line. Returns bytes consumed, or -1 when the
-// rest of the buffer belongs to this header block or is to be ignored.
-static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+// Parses (part of) a header block from the user buffer, in three functions
+// of their own (prepare, read, finish) around gt_scan_headers, called one
+// after another by gt_headers. As one function its frame, under gt_step's and
+// over gt_scan_headers', took the syscall programs' combined stack past the
+// verifier's 512 bytes on kernels without BPF private stacks. What the parts
+// share lives in the per-CPU scratch (struct gt_hdr_run).
+//
+// gt_headers_prep: the carried line, the first read's size, and whether
+// the bytes are in the scratch already. 0 to go on, -1 to stop (return -1).
+__noinline int gt_headers_prep(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	if (!c || !io)
 		return -1;
@@ -73,7 +79,6 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 	// the window only when the block goes on.
 	__u32 max = avail > GT_SCRATCH - 128 ? GT_SCRATCH - 128 : avail;
 	__u32 nr = max > GT_HDR_FIRST ? GT_HDR_FIRST : max;
-	__u32 n = 0;
 	// The start's first window, read by gt_peek_start in this very run.
 	int pre = first && !carry && sc->pre_id == gt_io_id(io) && sc->pre_ubuf == ubuf &&
 		  sc->pre_n == nr;
@@ -86,33 +91,65 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 		    sc->reuse_max == max && sc->reuse_n && sc->reuse_n <= max && sc->scan.end >= 0;
 	sc->reuse_id = 0;
 	io->scan_gen = 0;
+	sc->hr.carry = carry;
+	sc->hr.max = max;
+	sc->hr.nr = nr;
+	sc->hr.n = 0;
+	sc->hr.pre = pre;
+	sc->hr.reuse = reuse;
 	if (reuse) {
 		nr = sc->reuse_n;
 		if (nr > GT_SCRATCH - 128)
 			return -1;
-		n = nr;
+		sc->hr.nr = nr;
+		sc->hr.n = nr;
 		gt_stat_add(GT_STAT_SCAN_REUSED, 1);
 	}
-#pragma unroll
-	for (int attempt = 0; attempt < 2 && !reuse; attempt++) {
-		if (attempt == 1) {
-			if (sc->scan.end >= 0 || nr >= max)
-				break;
-			nr = max;
-		}
-		if (nr == 0 || nr > GT_SCRATCH - 128)
-			return -1;
-		if (attempt == 0 && pre)
-			gt_stat_add(GT_STAT_SCAN_PREREAD, 1); // buf holds these bytes already
-		else if (bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
-			return -1;
-		n = carry + nr;
-		// The start line is not a header (gt_start_request copied the path).
-		gt_scan_begin(sc, first ? 1 : (carry ? 0 : d->mid_line));
-		__u64 t1 = gt_prof_begin();
-		gt_scan_headers(sc, n, d->is_req);
-		gt_prof_end(GT_PROF_SCAN, t1);
+	return 0;
+}
+
+// gt_headers_read: attempt 0 reads the first GT_HDR_FIRST bytes (or takes
+// them from the scratch), attempt 1 the rest of the window when the block
+// did not end in them. 1: scan sc->buf[0, sc->hr.n); 0: no scan (the block
+// ended, or nothing more to read); -1: stop (return -1).
+__noinline int gt_headers_read(struct gt_conn *c, struct gt_io *io, __u64 ubuf, int attempt)
+{
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!c || !io || !sc)
+		return -1;
+	if (sc->hr.reuse)
+		return 0;
+	__u32 nr = sc->hr.nr, carry = sc->hr.carry;
+	if (attempt == 1) {
+		if (sc->scan.end >= 0 || nr >= sc->hr.max)
+			return 0;
+		nr = sc->hr.max;
+		sc->hr.nr = nr;
 	}
+	if (nr == 0 || nr > GT_SCRATCH - 128)
+		return -1;
+	if (attempt == 0 && sc->hr.pre)
+		gt_stat_add(GT_STAT_SCAN_PREREAD, 1); // buf holds these bytes already
+	else if (bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))
+		return -1;
+	sc->hr.n = carry + nr;
+	// The start line is not a header (gt_start_request copied the path).
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	gt_scan_begin(sc, io->hdr_first ? 1 : (carry ? 0 : d->mid_line));
+	return 1;
+}
+
+// gt_headers_finish: what the scan found, into the connection; the body's
+// framing once the block ended. Returns what gt_headers returns.
+__noinline int gt_headers_finish(struct gt_conn *c, struct gt_io *io, __u32 avail)
+{
+	if (!c || !io)
+		return -1;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return -1;
+	__u32 carry = sc->hr.carry, nr = sc->hr.nr, n = sc->hr.n;
 	int end = sc->scan.end;
 	if (end >= 0)
 		end -= carry; // bytes of this buffer that belong to the block
@@ -190,8 +227,28 @@ static __always_inline int gt_headers_body(struct gt_conn *c, struct gt_io *io, 
 // once per call site and caller state: that keeps verification linear.
 __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
+	if (!c || !io)
+		return -1;
 	__u64 t0 = gt_prof_begin();
-	int r = gt_headers_body(c, io, ubuf, avail);
+	int r = gt_headers_prep(c, io, ubuf, avail);
+#pragma unroll
+	for (int attempt = 0; attempt < 2 && r == 0; attempt++) {
+		int scan = gt_headers_read(c, io, ubuf, attempt);
+		if (scan < 0)
+			r = -1;
+		if (scan <= 0)
+			break;
+		struct gt_scratch *sc = gt_get_scratch();
+		if (!sc) {
+			r = -1;
+			break;
+		}
+		__u64 t1 = gt_prof_begin();
+		gt_scan_headers(sc, sc->hr.n, c->dir[io->dir & 1].is_req);
+		gt_prof_end(GT_PROF_SCAN, t1);
+	}
+	if (r == 0)
+		r = gt_headers_finish(c, io, avail);
 	gt_prof_end(GT_PROF_HEADERS, t0);
 	return r;
 }

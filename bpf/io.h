@@ -52,6 +52,9 @@ struct gt_msghdr {
 	__u64 iovlen;
 };
 
+// Where msg_iov (then msg_iovlen) lies in struct user_msghdr.
+#define GT_MSGHDR_IOV_OFF __builtin_offsetof(struct gt_msghdr, iov)
+
 // The calling thread's pid_tgid, rebuilt from io: what the per-CPU scratch
 // tags its kept reads with (struct gt_scratch reuse_id, pre_id).
 static __always_inline __u64 gt_io_id(const struct gt_io *io)

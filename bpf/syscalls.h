@@ -49,19 +49,18 @@ static __always_inline void gt_conn_check_gen(struct gt_conn *c, __u32 gen)
 		c->dir[1].phase = GT_PH_SKIP;
 }
 
-static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create, long ret)
+// A new connection's entry: the socket's tuple (or "not TCP"), inserted
+// into gt_conns. Returns 0 when the entry is there. A function of its own
+// so that its frame is not on the stack under the parser's deep chain (the
+// programs' combined stack is bounded at 512 bytes).
+__noinline int gt_conn_new(struct gt_io *io, long ret)
 {
+	if (!io)
+		return -1;
 	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
-	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
-	if (c) {
-		gt_conn_check_gen(c, io->cfg_gen);
-		return c;
-	}
-	if (!create)
-		return 0;
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
-		return 0;
+		return -1;
 	struct gt_conn *t = &sc->conn;
 	__builtin_memset(t, 0, sizeof(*t));
 	t->cfg_gen = io->cfg_gen;
@@ -78,8 +77,21 @@ static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create,
 	}
 	if (bpf_map_update_elem(&gt_conns, &key, t, BPF_NOEXIST) && bpf_map_update_elem(&gt_conns, &key, t, BPF_ANY)) {
 		gt_stat_add(GT_STAT_CONN_FULL, 1);
-		return 0;
+		return -1;
 	}
+	return 0;
+}
+
+static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create, long ret)
+{
+	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
+	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
+	if (c) {
+		gt_conn_check_gen(c, io->cfg_gen);
+		return c;
+	}
+	if (!create || gt_conn_new(io, ret))
+		return 0;
 	return bpf_map_lookup_elem(&gt_conns, &key);
 }
 
@@ -87,6 +99,54 @@ static __always_inline int gt_in_flight(struct gt_conn *c)
 {
 	return c->emitted_ring && (c->req_seq != c->resp_seq || c->dir[0].phase > GT_PH_IDLE ||
 				   c->dir[1].phase > GT_PH_IDLE);
+}
+
+// The syscall programs' struct gt_io, in per-CPU map memory: on their stack,
+// the deepest chain below them (gt_process, gt_step, gt_headers,
+// gt_scan_headers) passed the 512 bytes the verifier allows a program's
+// combined stack on kernels without BPF private stacks. Programs on one CPU
+// do not nest (the kernel runs one tracing program at a time per CPU), and
+// each run fills it before use.
+// The vectored syscalls' iovec walk keeps its state there too.
+struct gt_io_scratch {
+	struct gt_io io;
+	struct gt_iovec v;  // the segment being parsed
+	__u64 iov, cnt;     // the syscall's iovec array
+	__u64 ret;          // the bytes the syscall moved
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_io_scratch);
+} gt_ios SEC(".maps");
+
+// A data syscall that moved nothing: the peer closed (a read of 0), or an
+// error. Off the deep chain's stack, like gt_conn_new.
+__noinline int gt_on_io_end(struct gt_io *io, long ret)
+{
+	if (!io)
+		return 0;
+	struct gt_conn *c = gt_conn_get(io, 0, 0);
+	if (!c || c->kind != GT_CONN_HTTP)
+		return 0;
+	if (ret == 0 && io->dir == 0) {
+		// Peer closed. A body delimited by the connection ends here.
+		struct gt_dir *d = &c->dir[0];
+		if (d->phase == GT_PH_BODY_EOF) {
+			gt_finish(c, d, io, GT_F_END_BY_CLOSE);
+		} else if (gt_in_flight(c)) {
+			gt_emit_close(c, io, 0);
+			c->emitted_ring = 0;
+		}
+	} else if (ret < 0 && gt_in_flight(c)) {
+		gt_emit_close(c, io, GT_F_CONN_ERROR);
+		c->emitted_ring = 0;
+		c->dir[0].phase = GT_PH_SKIP;
+		c->dir[1].phase = GT_PH_SKIP;
+	}
+	return 0;
 }
 
 static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kind)
@@ -101,73 +161,59 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	if (!(possible & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
 		return 0;
 
+	if (ret == -GT_EAGAIN || ret == -GT_EINTR || ret == -GT_EINPROGRESS)
+		return 0; // nothing moved, nothing ended
+
 	unsigned long a0, a1, a2;
 	gt_syscall_args(&a0, &a1, &a2);
-	struct gt_io io = {
-		.now = bpf_ktime_get_ns(),
-		.tgid = tgid,
-		.tid = (__u32)id,
-		.fd = (__s32)a0,
-		.dir = dir,
-		.role = role,
-		.cfg_flags = cfg->flags,
-		.cfg_gen = cfg->generation,
-		.mask = cfg->mask,
-		.server_possible = cfg->server_possible[role & 7],
-		.client_possible = cfg->client_possible,
-	};
-
-	if (ret <= 0) {
-		if (ret == -GT_EAGAIN || ret == -GT_EINTR || ret == -GT_EINPROGRESS)
-			return 0;
-		struct gt_conn *c = gt_conn_get(&io, 0, 0);
-		if (!c || c->kind != GT_CONN_HTTP)
-			return 0;
-		if (ret == 0 && dir == 0) {
-			// Peer closed. A body delimited by the connection ends here.
-			struct gt_dir *d = &c->dir[0];
-			if (d->phase == GT_PH_BODY_EOF) {
-				gt_finish(c, d, &io, GT_F_END_BY_CLOSE);
-			} else if (gt_in_flight(c)) {
-				gt_emit_close(c, &io, 0);
-				c->emitted_ring = 0;
-			}
-		} else if (ret < 0 && gt_in_flight(c)) {
-			gt_emit_close(c, &io, GT_F_CONN_ERROR);
-			c->emitted_ring = 0;
-			c->dir[0].phase = GT_PH_SKIP;
-			c->dir[1].phase = GT_PH_SKIP;
-		}
+	__u32 zero = 0;
+	struct gt_io_scratch *is = bpf_map_lookup_elem(&gt_ios, &zero);
+	if (!is)
 		return 0;
-	}
+	struct gt_io *io = &is->io;
+	__builtin_memset(io, 0, sizeof(*io));
+	io->now = bpf_ktime_get_ns();
+	io->tgid = tgid;
+	io->tid = (__u32)id;
+	io->fd = (__s32)a0;
+	io->dir = dir;
+	io->role = role;
+	io->cfg_flags = cfg->flags;
+	io->cfg_gen = cfg->generation;
+	io->mask = cfg->mask;
+	io->server_possible = cfg->server_possible[role & 7];
+	io->client_possible = cfg->client_possible;
+
+	if (ret <= 0)
+		return gt_on_io_end(io, ret);
 
 	__u64 t0 = gt_prof_begin();
-	struct gt_conn *c = gt_conn_get(&io, 1, ret);
+	struct gt_conn *c = gt_conn_get(io, 1, ret);
 	gt_prof_end(GT_PROF_CONN, t0);
 	if (!c || c->kind != GT_CONN_HTTP)
 		return 0;
 	// Ciphertext of an SSL* the TLS probes follow: linked, then ignored.
-	if (dir == 1 && !c->started && gt_tls_link_write(tgid, io.tid, io.fd, io.now, c, kind, a1))
+	if (dir == 1 && !c->started && gt_tls_link_write(io, c, kind, a1))
 		return 0;
 	if (c->side == GT_SIDE_SERVER && !(cfg->server_possible[role & 7] & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
 		return 0;
 	if (c->side == GT_SIDE_CLIENT && !(cfg->client_possible & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
 		return 0;
 
-	io.ret = (__u32)ret;
+	io->ret = (__u32)ret;
 	if (kind == GT_IO_PLAIN) {
 		t0 = gt_prof_begin();
-		gt_process(c, &io, a1, (__u32)ret);
+		gt_process(c, io, a1, (__u32)ret);
 		gt_prof_end(GT_PROF_PROCESS, t0);
 		return 0;
 	}
-	__u64 iov = a1, cnt = a2;
+	is->iov = a1;
+	is->cnt = a2;
+	is->ret = ret;
 	if (kind == GT_IO_MSG) {
-		struct gt_msghdr mh = {};
-		if (bpf_probe_read_user(&mh, sizeof(mh), (void *)a1))
+		// Only msg_iov and msg_iovlen: half the struct.
+		if (bpf_probe_read_user(&is->iov, 2 * sizeof(__u64), (void *)(a1 + GT_MSGHDR_IOV_OFF)))
 			return 0;
-		iov = mh.iov;
-		cnt = mh.iovlen;
 	}
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
@@ -176,19 +222,18 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	int i;
 	gt_for(i, 0, 4)
 	{
-		if (i >= cnt)
+		if (i >= is->cnt)
 			break;
-		struct gt_iovec v = {};
-		if (bpf_probe_read_user(&v, sizeof(v), (void *)(iov + i * sizeof(v))))
+		if (bpf_probe_read_user(&is->v, sizeof(is->v), (void *)(is->iov + i * sizeof(is->v))))
 			break;
 		sc = gt_get_scratch();
 		if (!sc || !sc->loops.iov_left)
 			break;
 		__u64 left = sc->loops.iov_left;
-		__u64 seg = v.len < left ? v.len : left;
+		__u64 seg = is->v.len < left ? is->v.len : left;
 		sc->loops.iov_left = left - seg;
-		io.seg_off = (__u32)(ret - left);
-		gt_process(c, &io, v.base, (__u32)seg);
+		io->seg_off = (__u32)(is->ret - left);
+		gt_process(c, io, is->v.base, (__u32)seg);
 	}
 	return 0;
 }

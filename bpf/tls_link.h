@@ -81,9 +81,14 @@ static __always_inline __u64 gt_tls_first_byte_at(int kind, __u64 a1)
 // are parsed. kind and a1 describe the syscall's buffer (enum gt_io_kind).
 // Returns 1 when the socket was linked to an SSL*: c is now GT_CONN_IGNORE
 // and the caller stops.
-static __always_inline int gt_tls_link_write(__u32 tgid, __u32 tid, __s32 fd, __u64 now, struct gt_conn *c,
-					     int kind, __u64 a1)
+// A function of its own, off the stack of the parser's deep chain.
+__noinline int gt_tls_link_write(struct gt_io *io, struct gt_conn *c, int kind, __u64 a1)
 {
+	if (!io || !c)
+		return 0;
+	__u32 tgid = io->tgid, tid = io->tid;
+	__s32 fd = io->fd;
+	__u64 now = io->now;
 	struct gt_tls_pending *p = bpf_map_lookup_elem(&gt_tls_pending, &tid);
 	if (!p)
 		return 0;

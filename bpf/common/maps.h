@@ -113,9 +113,21 @@ struct gt_reward_scan {
 	__u8 text[GT_REWARD_MAX]; // the number's text, NUL-padded
 };
 
+// gt_headers' parts (bpf/headers.h): the state they share.
+struct gt_hdr_run {
+	__u32 carry; // bytes of a cut header line at buf's start
+	__u32 max;   // the most this run may read
+	__u32 nr;    // bytes read from the user buffer
+	__u32 n;     // bytes to scan: carry + nr
+	__u8 pre;    // gt_peek_start's read holds the first nr bytes already
+	__u8 reuse;  // injection's sys_enter read and scanned them already
+	__u8 _pad[6];
+};
+
 struct gt_scratch {
 	__u8 buf[GT_SCRATCH + 128]; // slack so fixed-size reads at a masked offset stay inside
 	struct gt_scan scan;
+	struct gt_hdr_run hr;
 	__u16 nl[GT_MAX_LINES]; // newline positions found by the word scan
 	struct gt_loops loops;
 	struct gt_route_key route_key;

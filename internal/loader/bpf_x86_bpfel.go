@@ -239,6 +239,39 @@ const (
 	bpfGtInjectStatGT_INJ_STAT_MAX          bpfGtInjectStat = 16
 )
 
+type bpfGtIoScratch struct {
+	_  structs.HostLayout
+	Io struct {
+		_              structs.HostLayout
+		Now            uint64
+		Tgid           uint32
+		Tid            uint32
+		Fd             int32
+		Dir            uint8
+		Role           uint8
+		HdrFirst       uint8
+		_              [1]byte
+		CfgFlags       uint32
+		CfgGen         uint32
+		Mask           uint64
+		ServerPossible uint64
+		ClientPossible uint64
+		ScanGen        uint64
+		Ret            uint32
+		SegOff         uint32
+		MsgOff         uint32
+		PadIo          uint32
+	}
+	V struct {
+		_    structs.HostLayout
+		Base uint64
+		Len  uint64
+	}
+	Iov uint64
+	Cnt uint64
+	Ret uint64
+}
+
 type bpfGtMethod uint32
 
 const (
@@ -463,6 +496,16 @@ type bpfGtScratch struct {
 		NlCount   uint32
 		LastNl    uint32
 		_         [4]byte
+	}
+	Hr struct {
+		_     structs.HostLayout
+		Carry uint32
+		Max   uint32
+		Nr    uint32
+		N     uint32
+		Pre   uint8
+		Reuse uint8
+		Pad   [6]uint8
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -708,6 +751,7 @@ const (
 	bpfMapGtInjectServing       = "gt_inject_serving"
 	bpfMapGtInjectSocks         = "gt_inject_socks"
 	bpfMapGtInjectStats         = "gt_inject_stats"
+	bpfMapGtIos                 = "gt_ios"
 	bpfMapGtProf                = "gt_prof"
 	bpfMapGtPyLinks             = "gt_py_links"
 	bpfMapGtPyProcs             = "gt_py_procs"
@@ -859,6 +903,7 @@ type bpfMapSpecs struct {
 	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
+	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -940,6 +985,7 @@ type bpfMaps struct {
 	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
+	GtIos           *ebpf.Map `ebpf:"gt_ios"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -976,6 +1022,7 @@ func (m *bpfMaps) Close() error {
 		m.GtInjectServing,
 		m.GtInjectSocks,
 		m.GtInjectStats,
+		m.GtIos,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

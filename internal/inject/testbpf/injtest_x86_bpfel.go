@@ -224,6 +224,39 @@ const (
 	injtestGtInjectStatGT_INJ_STAT_MAX          injtestGtInjectStat = 16
 )
 
+type injtestGtIoScratch struct {
+	_  structs.HostLayout
+	Io struct {
+		_              structs.HostLayout
+		Now            uint64
+		Tgid           uint32
+		Tid            uint32
+		Fd             int32
+		Dir            uint8
+		Role           uint8
+		HdrFirst       uint8
+		_              [1]byte
+		CfgFlags       uint32
+		CfgGen         uint32
+		Mask           uint64
+		ServerPossible uint64
+		ClientPossible uint64
+		ScanGen        uint64
+		Ret            uint32
+		SegOff         uint32
+		MsgOff         uint32
+		PadIo          uint32
+	}
+	V struct {
+		_    structs.HostLayout
+		Base uint64
+		Len  uint64
+	}
+	Iov uint64
+	Cnt uint64
+	Ret uint64
+}
+
 type injtestGtPairKey struct {
 	_     structs.HostLayout
 	Caddr [16]uint8
@@ -350,6 +383,16 @@ type injtestGtScratch struct {
 		NlCount   uint32
 		LastNl    uint32
 		_         [4]byte
+	}
+	Hr struct {
+		_     structs.HostLayout
+		Carry uint32
+		Max   uint32
+		Nr    uint32
+		N     uint32
+		Pre   uint8
+		Reuse uint8
+		Pad   [6]uint8
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -526,6 +569,7 @@ const (
 	injtestMapGtInjectServing       = "gt_inject_serving"
 	injtestMapGtInjectSocks         = "gt_inject_socks"
 	injtestMapGtInjectStats         = "gt_inject_stats"
+	injtestMapGtIos                 = "gt_ios"
 	injtestMapGtProf                = "gt_prof"
 	injtestMapGtPyLinks             = "gt_py_links"
 	injtestMapGtPyProcs             = "gt_py_procs"
@@ -646,6 +690,7 @@ type injtestMapSpecs struct {
 	GtInjectServing *ebpf.MapSpec `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
+	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -714,6 +759,7 @@ type injtestMaps struct {
 	GtInjectServing *ebpf.Map `ebpf:"gt_inject_serving"`
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
+	GtIos           *ebpf.Map `ebpf:"gt_ios"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -746,6 +792,7 @@ func (m *injtestMaps) Close() error {
 		m.GtInjectServing,
 		m.GtInjectSocks,
 		m.GtInjectStats,
+		m.GtIos,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

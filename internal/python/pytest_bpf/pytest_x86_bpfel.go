@@ -272,6 +272,16 @@ type pytestGtScratch struct {
 		LastNl    uint32
 		_         [4]byte
 	}
+	Hr struct {
+		_     structs.HostLayout
+		Carry uint32
+		Max   uint32
+		Nr    uint32
+		N     uint32
+		Pre   uint8
+		Reuse uint8
+		Pad   [6]uint8
+	}
 	Nl    [64]uint16
 	Loops struct {
 		_        structs.HostLayout

@@ -168,6 +168,39 @@ const (
 	tlstestGtEventKindGT_EV_SANDBOX_END   tlstestGtEventKind = 8
 )
 
+type tlstestGtIoScratch struct {
+	_  structs.HostLayout
+	Io struct {
+		_              structs.HostLayout
+		Now            uint64
+		Tgid           uint32
+		Tid            uint32
+		Fd             int32
+		Dir            uint8
+		Role           uint8
+		HdrFirst       uint8
+		_              [1]byte
+		CfgFlags       uint32
+		CfgGen         uint32
+		Mask           uint64
+		ServerPossible uint64
+		ClientPossible uint64
+		ScanGen        uint64
+		Ret            uint32
+		SegOff         uint32
+		MsgOff         uint32
+		PadIo          uint32
+	}
+	V struct {
+		_    structs.HostLayout
+		Base uint64
+		Len  uint64
+	}
+	Iov uint64
+	Cnt uint64
+	Ret uint64
+}
+
 type tlstestGtProfSlot struct {
 	_  structs.HostLayout
 	Ns uint64
@@ -285,6 +318,16 @@ type tlstestGtScratch struct {
 		NlCount   uint32
 		LastNl    uint32
 		_         [4]byte
+	}
+	Hr struct {
+		_     structs.HostLayout
+		Carry uint32
+		Max   uint32
+		Nr    uint32
+		N     uint32
+		Pre   uint8
+		Reuse uint8
+		Pad   [6]uint8
 	}
 	Nl    [64]uint16
 	Loops struct {
@@ -472,6 +515,7 @@ const (
 	tlstestMapGtConfig            = "gt_config"
 	tlstestMapGtConns             = "gt_conns"
 	tlstestMapGtEvents            = "gt_events"
+	tlstestMapGtIos               = "gt_ios"
 	tlstestMapGtProf              = "gt_prof"
 	tlstestMapGtPyLinks           = "gt_py_links"
 	tlstestMapGtPyProcs           = "gt_py_procs"
@@ -578,6 +622,7 @@ type tlstestMapSpecs struct {
 	GtConfig     *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
+	GtIos        *ebpf.MapSpec `ebpf:"gt_ios"`
 	GtProf       *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -636,6 +681,7 @@ type tlstestMaps struct {
 	GtConfig     *ebpf.Map `ebpf:"gt_config"`
 	GtConns      *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents     *ebpf.Map `ebpf:"gt_events"`
+	GtIos        *ebpf.Map `ebpf:"gt_ios"`
 	GtProf       *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
@@ -660,6 +706,7 @@ func (m *tlstestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtIos,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
