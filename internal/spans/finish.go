@@ -59,6 +59,7 @@ func (b *Builder) emitServer(in *inbound) {
 	status, msg, errType := serverStatus(x)
 	// While the process's role is undecided its spans are held, and named
 	// again when it is (roles.go).
+	start, end := serverBounds(in)
 	var rc *reclass
 	if b.role(in.proc, x) == groups.RoleUnknown && roleSensitive(x.Method, x.Path) {
 		rc = &reclass{method: x.Method, path: x.Path, cands: in.gymCands}
@@ -81,7 +82,7 @@ func (b *Builder) emitServer(in *inbound) {
 		if errType != "" {
 			attrs = append(attrs, attribute.String("error.type", errType))
 		}
-		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, attrs, status, msg, in.proc, rc, nil)
+		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, start, end, attrs, status, msg, in.proc, rc, nil)
 	}
 	if in.gym != nil && !in.gym.alias {
 		attrs := b.appendGym(make([]attribute.KeyValue, 0, 3), in.proc, in.rollout)
@@ -89,7 +90,7 @@ func (b *Builder) emitServer(in *inbound) {
 		if in.gym.prov {
 			gymRC = rc
 		}
-		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, attrs, status, msg, in.proc, nil, gymRC)
+		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, start, end, attrs, status, msg, in.proc, nil, gymRC)
 	}
 }
 
@@ -138,7 +139,8 @@ func (b *Builder) finishClient(out *outbound) {
 	if x.Method == "_OTHER" {
 		name = "HTTP"
 	}
-	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, attrs, status, msg, out.proc, nil, nil)
+	start, end := spanBounds(x)
+	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, start, end, attrs, status, msg, out.proc, nil, nil)
 }
 
 func serverStatus(x *http.Exchange) (codes.Code, string, string) {
@@ -159,16 +161,46 @@ func errorType(err error) string {
 	return "connection_closed"
 }
 
-func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange,
-	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass) {
-	end := x.RespEnd
+// spanBounds is an exchange's span: from its request's first byte to its
+// response's last (or, with no response, its request's end).
+func spanBounds(x *http.Exchange) (start, end uint64) {
+	end = x.RespEnd
 	if end < x.ReqStart {
 		end = max(x.ReqEnd, x.ReqStart)
 	}
+	return x.ReqStart, end
+}
+
+// serverBounds is a server request's span, inside the span of the client
+// request on this node that sent it. Each end's times are its syscalls'
+// exits, and a syscall that moves a large buffer returns after the peer has
+// seen its first bytes: a 1 MiB upload's write(2) exits after the server's
+// read of the head, a download's read after the server's last write began.
+// The server's span would then start before its parent's, or end after it.
+// Both moments lie inside the syscalls that overlap, so the span is clamped
+// to its parent's; the exchange (and Gym's duration metrics) keep the
+// kernel's times.
+func serverBounds(in *inbound) (start, end uint64) {
+	start, end = spanBounds(in.x)
+	if in.via == nil || in.server == nil || in.via.client == nil || in.server.parent != in.via.client {
+		return start, end
+	}
+	c := in.via.x
+	if c.ReqStart > start && c.ReqStart <= end {
+		start = c.ReqStart
+	}
+	if c.RespEnd != 0 && c.RespEnd < end && c.RespEnd >= start {
+		end = c.RespEnd
+	}
+	return start, end
+}
+
+func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange, start, end uint64,
+	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass) {
 	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
 	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host, Status: x.Status,
 		Reward: x.Reward, HasReward: x.HasReward}
-	b.emitHeld(n, name, kind, g, x.ReqStart, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)
+	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)
 }
 
 // emitSpan returns one finished span (start and end are kernel monotonic ns)
