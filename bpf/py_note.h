@@ -27,8 +27,8 @@ static __always_inline int gt_py_note_ctx(struct gt_conn *c, struct gt_io *io, i
 		return 0;
 	if (c->side == GT_SIDE_SERVER) {
 		if (is_req) {
-			gt_py_mark_spawner(ps->ctx, io->tgid, io->fd, c->conn_id);
-			gt_py_mark_spawner(c->last_resp_ctx, io->tgid, io->fd, c->conn_id);
+			gt_py_mark_spawner(ps->ctx, io->tgid, io->fd, c->conn_id, 1);
+			gt_py_mark_spawner(c->last_resp_ctx, io->tgid, io->fd, c->conn_id, 0);
 			c->req.py_ctx = ps->ctx;
 			c->req.py_root = ps->root;
 		} else {

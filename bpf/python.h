@@ -348,11 +348,27 @@ static __always_inline int gt_py_context(__u32 tgid, __u32 tid, __u64 *ctx, __u6
 // A context born from a spawner becomes a root even if it is not the
 // handler (a timer handle, resume_reading's reader handle); such roots own no
 // response, so calls under them stay unattributed, never misattributed.
-static __always_inline void gt_py_mark_spawner(__u64 ctx, __u32 tgid, __s32 fd, __u64 conn_id)
+//
+// live: ctx may be a context that has died since it was seen (the previous
+// response's writer, whose address CPython may have given to a new context):
+// it is marked only while the copy probe's link at its address still has its
+// generation. A dead context spawns nothing, and its mark would overwrite
+// the entry of the live context at the same address, the spawner of another
+// connection's next request. (That was the causality flake of issue 19: two
+// kept-alive requests read in one loop iteration, the second connection's
+// previous writer long dead at the address of the first one's live writer;
+// the first request's handler then inherited its connection's previous
+// root.)
+static __always_inline void gt_py_mark_spawner(__u64 ctx, __u32 tgid, __s32 fd, __u64 conn_id, int live)
 {
 	if (!ctx)
 		return;
 	__u64 addr = ctx & GT_PY_ADDR_MASK;
+	if (!live) {
+		struct gt_py_link *l = bpf_map_lookup_elem(&gt_py_links, &addr);
+		if (l && l->gen != (__u16)(ctx >> GT_PY_GEN_SHIFT))
+			return; // died, and its address was reused
+	}
 	struct gt_py_spawner *cur = bpf_map_lookup_elem(&gt_py_spawners, &addr);
 	if (cur && cur->id == ctx && cur->conn_id == conn_id)
 		return; // keep-alive: the same reader for every request
