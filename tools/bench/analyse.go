@@ -13,6 +13,7 @@ import (
 func (rep *Report) analyse() {
 	rep.analyseWorkload()
 	rep.analyseTax()
+	rep.analyseTraps()
 	rep.analyseCapacity()
 	rep.analyseTwin()
 	rep.targets()
@@ -228,6 +229,64 @@ func (rep *Report) analyseTax() {
 		}
 		rep.Tax = append(rep.Tax, row)
 	}
+}
+
+// analyseTraps: the uprobe modes' trapTarget calls less the untraced mode's,
+// paired per round; the untraced getppid beside them as the syscall's price.
+func (rep *Report) analyseTraps() {
+	by := map[string]map[int]map[string]float64{} // mode -> round -> kind -> ns
+	for _, r := range rep.Raw.Tax {
+		if by[r.Mode] == nil {
+			by[r.Mode] = map[int]map[string]float64{}
+		}
+		by[r.Mode][r.Round] = r.NsPer
+	}
+	if len(by["uprobe"]) == 0 && len(by["uretprobe"]) == 0 {
+		return
+	}
+	var sys []float64
+	for _, u := range by["untraced"] {
+		sys = append(sys, u["getppid"])
+	}
+	rep.Traps = append(rep.Traps, TrapRow{Entry: "syscall (getppid, untraced)", Ns: MeanCI(sys)})
+	for _, m := range []struct{ mode, entry string }{
+		{"uprobe", "uprobe hit (emulated instruction, empty program)"},
+		{"uretprobe", "uprobe + return probe (empty program)"},
+	} {
+		var d []float64
+		for r, u := range by["untraced"] {
+			if p, ok := by[m.mode][r]; ok {
+				d = append(d, p[trapKind]-u[trapKind])
+			}
+		}
+		rep.Traps = append(rep.Traps, TrapRow{Entry: m.entry, Ns: MeanCI(d)})
+	}
+}
+
+// probeTrapNs is this host's measured price of an entry probe's and of a
+// return probe's round trip (empty program), when the tax phase ran.
+func (rep *Report) probeTrapNs() (entry, ret float64, ok bool) {
+	for _, t := range rep.Traps {
+		switch {
+		case !t.Ns.Valid():
+		case strings.HasPrefix(t.Entry, "uprobe hit"):
+			entry = t.Ns.Mean
+		case strings.HasPrefix(t.Entry, "uprobe + return"):
+			ret = t.Ns.Mean
+		}
+	}
+	return entry, ret, entry > 0 && ret > 0
+}
+
+// trapNs is the measured uprobe round trip (entry probe, empty program), or
+// the one measured on the earlier host when the tax phase did not run.
+func (rep *Report) trapNs() (ns float64, measured bool) {
+	for _, t := range rep.Traps {
+		if strings.HasPrefix(t.Entry, "uprobe hit") && t.Ns.Valid() {
+			return t.Ns.Mean, true
+		}
+	}
+	return uprobeTrapNs, false
 }
 
 func (rep *Report) analyseCapacity() {

@@ -696,3 +696,51 @@ func TestTwinRowsFor(t *testing.T) {
 		}
 	}
 }
+
+// The tax phase's uprobe modes give this host's trap prices (paired per
+// round with the bare call), and the twin rows turn their probe counts into
+// the share of the twin's CPU those traps cost.
+func TestTrapPrices(t *testing.T) {
+	tax := func(mode string, round int, call, getppid float64) taxRun {
+		return taxRun{Mode: mode, Round: round, NsPer: map[string]float64{trapKind: call, "getppid": getppid}}
+	}
+	rep := &Report{Raw: RawRuns{
+		Tax: []taxRun{
+			tax("untraced", 0, 2, 1000), tax("uprobe", 0, 5002, 1000), tax("uretprobe", 0, 7002, 1000),
+			tax("untraced", 1, 3, 1100), tax("uprobe", 1, 5203, 1100), tax("uretprobe", 1, 6803, 1100),
+		},
+		Twin: []twinRun{
+			// 40 copies and 10 uvloop writes per rollout; the twin's CPU is 10 ms a rollout.
+			{Config: "default", Round: 0, Plain: "A", Rollouts: 100, CPUMs: 1100, ElapsedS: 5, TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, Copies: 4000, UVWrites: 1000},
+			{Config: "default", Round: 1, Plain: "B", Rollouts: 100, CPUMs: 1100, ElapsedS: 5, TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, Copies: 4000, UVWrites: 1000},
+		},
+	}}
+	rep.analyse()
+	want := map[string]float64{"syscall (getppid, untraced)": 1050, "uprobe hit (emulated instruction, empty program)": 5100,
+		"uprobe + return probe (empty program)": 6900}
+	if len(rep.Traps) != len(want) {
+		t.Fatalf("trap rows %+v", rep.Traps)
+	}
+	for _, r := range rep.Traps {
+		if !near(r.Ns.Mean, want[r.Entry], 1e-9) || r.Ns.N != 2 {
+			t.Errorf("%s: %+v, want mean %v over 2 rounds", r.Entry, r.Ns, want[r.Entry])
+		}
+	}
+	if ns, measured := rep.trapNs(); !measured || !near(ns, 5100, 1e-9) {
+		t.Errorf("trapNs = %v, %v", ns, measured)
+	}
+	d := rep.Twin[0]
+	// (40 x 6.9 us + 10 x 5.1 us) of 10 ms = 3.27 %.
+	if !near(d.CopiesPerRoll, 40, 1e-9) || !near(d.UVWritesPerRoll, 10, 1e-9) || !near(d.TrapsPct, 100*(40*6900+10*5100)/1e7, 1e-9) {
+		t.Fatalf("twin row %+v", d)
+	}
+	// Without the tax phase the share is unknown, not zero.
+	rep = &Report{Raw: RawRuns{Twin: rep.Raw.Twin}}
+	rep.analyse()
+	if !math.IsNaN(rep.Twin[0].TrapsPct) {
+		t.Fatalf("traps share without prices: %v", rep.Twin[0].TrapsPct)
+	}
+	if ns, measured := rep.trapNs(); measured || ns != uprobeTrapNs {
+		t.Errorf("trapNs without the tax phase = %v, %v", ns, measured)
+	}
+}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"debug/elf"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gymtrace/gymtrace/internal/loader"
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // gymtraceHooks are the syscall tracepoints gymtrace attaches (internal/loader):
@@ -162,13 +164,19 @@ type emptyFloor struct {
 	links []link.Link
 }
 
-func attachEmptyFloor(hooks []string) (*emptyFloor, error) {
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:         "gtbench_empty",
-		Type:         ebpf.TracePoint,
+// emptyProgram returns 0 at once: what a hook costs before a program does a
+// thing.
+func emptyProgram(name string, typ ebpf.ProgramType) (*ebpf.Program, error) {
+	return ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         name,
+		Type:         typ,
 		License:      "GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
 	})
+}
+
+func attachEmptyFloor(hooks []string) (*emptyFloor, error) {
+	prog, err := emptyProgram("gtbench_empty", ebpf.TracePoint)
 	if err != nil {
 		return nil, fmt.Errorf("loading the empty floor program: %w", err)
 	}
@@ -191,4 +199,64 @@ func (f *emptyFloor) Close() error {
 	}
 	errs = append(errs, f.prog.Close())
 	return errors.Join(errs...)
+}
+
+// attachTrapProbe puts a program that returns 0 at once on trapTarget of the
+// bench binary at self, as an entry probe or a return probe: the loop's calls
+// of it then cost the bare call plus the kernel's uprobe round trip. Every
+// process running self would trap; only the loop child calls trapTarget.
+func attachTrapProbe(self string, ret bool) (*emptyFloor, error) {
+	sym, err := trapSymbol(self)
+	if err != nil {
+		return nil, err
+	}
+	prog, err := emptyProgram("gtbench_trap", ebpf.Kprobe) // uprobes are kprobe programs
+	if err != nil {
+		return nil, fmt.Errorf("loading the empty uprobe program: %w", err)
+	}
+	f := &emptyFloor{prog: prog}
+	ex, err := link.OpenExecutable(self)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	attach := ex.Uprobe
+	if ret {
+		attach = ex.Uretprobe
+	}
+	l, err := attach(sym, prog, nil)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("attaching the empty program to %s in %s: %w", sym, self, err)
+	}
+	f.links = append(f.links, l)
+	return f, nil
+}
+
+// trapSymbol names trapTarget's assembly body in the bench binary (the
+// linker may add an ABI wrapper under the plain name) and checks that the
+// kernel emulates its first instruction: a single-stepped probe would cost
+// several times a real site's.
+func trapSymbol(self string) (string, error) {
+	f, err := elf.Open(self)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	syms, err := f.Symbols()
+	if err != nil {
+		return "", fmt.Errorf("reading the symbols of %s: %w", self, err)
+	}
+	for _, name := range []string{"main.trapTarget.abi0", "main.trapTarget"} {
+		for _, s := range syms {
+			if s.Name != name {
+				continue
+			}
+			if _, cheap, err := probesite.Entry(f, s.Value); err != nil || !cheap {
+				return "", fmt.Errorf("%s in %s does not start with an instruction the kernel emulates (err %v)", name, self, err)
+			}
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("no trapTarget symbol in %s (built stripped?)", self)
 }

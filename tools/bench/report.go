@@ -15,6 +15,7 @@ type Report struct {
 	Workload []WorkloadRow `json:"workload"`
 	Programs []ProgramRow  `json:"programs"`
 	Tax      []TaxRow      `json:"untargeted_tax"`
+	Traps    []TrapRow     `json:"kernel_entries,omitempty"`
 	Capacity []CapacityRow `json:"agent_capacity"`
 	Gate     []GateRow     `json:"gate"`
 	Twin     []TwinRow     `json:"twin,omitempty"`
@@ -121,6 +122,16 @@ type TaxRow struct {
 	AboveFloor Interval `json:"above_floor_ns"` // gymtrace - empty
 	OnGymHook  bool     `json:"on_gymtrace_hook"`
 	Verdict    string   `json:"verdict,omitempty"`
+}
+
+// TrapRow is what one kernel entry of a kind costs on this host (tax phase):
+// a syscall, and the round trip of a uprobe on an emulated instruction with
+// an empty program, alone and with its return probe. gymtrace's context-copy
+// probe pays the last on every copy, its uvloop write probe the middle one;
+// neither shows in bpf_stats.
+type TrapRow struct {
+	Entry string   `json:"entry"`
+	Ns    Interval `json:"ns"`
 }
 
 type CapacityRow struct {

@@ -135,6 +135,15 @@ func (rep *Report) tables() []table {
 		}
 		out = append(out, t)
 	}
+	if len(rep.Traps) > 0 {
+		t := table{title: fmt.Sprintf("3b. What one kernel entry costs on this host: ns, mean over %d rounds of the tax loop's fastest batches [95%% CI]; uprobes on a push of the bench binary (the kind of site gymtrace uses), paired per round with the bare call. gymtrace's context-copy probe pays the last row on every asyncio context copy, its uvloop write probe the middle one",
+			s.TaxRounds)}
+		t.rows = append(t.rows, []string{"kernel entry", "ns"})
+		for _, x := range rep.Traps {
+			t.rows = append(t.rows, []string{x.Entry, fmtIv(x.Ns, 0)})
+		}
+		out = append(out, t)
+	}
 	if len(rep.Capacity) > 0 {
 		t := table{title: fmt.Sprintf("4. Agent capacity: wrk -t1 for %d s x %d against a compiled Go server (offered rate: rate/1000 connections with 1 ms Lua delay; max = 32 connections flat out); gymtrace pinned to one core, load on the other; span groups = server",
 			s.CapSeconds, s.CapReps)}

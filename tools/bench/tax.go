@@ -26,6 +26,13 @@ import (
 // takes the tracing slow path for all of them).
 var loopKinds = []string{"write", "read", "sendto+recvfrom", "getppid"}
 
+// trapKind is the loop's call of trapTarget: a few ns bare, the price of a
+// uprobe hit (or of a uprobe and its return probe) in the uprobe modes.
+// gymtrace's asyncio-parent probes pay it on every context copy, outside
+// bpf_stats, and it depends on the host far more than a syscall does
+// (exceptions, page-table isolation): the tax phase measures it.
+const trapKind = "uprobe target call"
+
 // runLoop is the `gtbench loop` child: a process gymtrace does not target,
 // timing raw syscalls. RawSyscall skips the Go scheduler's hooks, so the
 // figure is the kernel's plus a few ns of call overhead, equal in every mode.
@@ -67,14 +74,20 @@ func runLoop(args []string) error {
 			unix.RawSyscall6(unix.SYS_SENDTO, uintptr(sp[0]), p, 64, 0, 0, 0)
 			unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(sp[1]), p, 64, 0, 0, 0)
 			return 2
+		case trapKind:
+			trapTarget()
+			return 1
 		default:
 			unix.RawSyscall(unix.SYS_GETPPID, 0, 0, 0)
 			return 1
 		}
 	}
 	out := map[string]float64{}
-	per := iters / batches
-	for _, kind := range loopKinds {
+	for _, kind := range append(loopKinds, trapKind) {
+		per := iters / batches
+		if kind == trapKind {
+			per = max(per/10, 100) // a trap costs microseconds
+		}
 		for i := 0; i < per/4; i++ { // warm caches and branch predictors
 			one(kind)
 		}
@@ -110,8 +123,16 @@ type taxOptions struct {
 }
 
 // taxModes: gymtrace first, so round 1 learns its hooks before the floor
-// is attached.
+// is attached. The uprobe modes put an empty program on trapTarget, as an
+// entry probe and as a return probe (which also traps at the entry).
 var taxModes = []string{"gymtrace", "empty", "untraced"}
+
+func taxModesHere() []string {
+	if !trapProbes {
+		return taxModes
+	}
+	return append(append([]string(nil), taxModes...), "uprobe", "uretprobe")
+}
 
 func runTax(ctx context.Context, o taxOptions) ([]taxRun, []string, error) {
 	dir := workDir(o.Dir, "tax")
@@ -124,9 +145,10 @@ func runTax(ctx context.Context, o taxOptions) ([]taxRun, []string, error) {
 
 	hooks := append([]string(nil), gymtraceHooks...)
 	var runs []taxRun
+	modes := taxModesHere()
 	for r := 0; r < o.Rounds; r++ {
-		for _, i := range rotation(len(taxModes), r) {
-			mode := taxModes[i]
+		for _, i := range rotation(len(modes), r) {
+			mode := modes[i]
 			ns, err := taxOnce(ctx, o, dir, mode, r, idle.pid(), &hooks)
 			if err != nil {
 				return runs, hooks, fmt.Errorf("untargeted tax, %s, round %d: %w", mode, r+1, err)
@@ -142,6 +164,12 @@ func taxOnce(ctx context.Context, o taxOptions, dir, mode string, round, target 
 	switch mode {
 	case "empty":
 		f, err := attachEmptyFloor(*hooks)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+	case "uprobe", "uretprobe":
+		f, err := attachTrapProbe(o.Self, mode == "uretprobe")
 		if err != nil {
 			return nil, err
 		}

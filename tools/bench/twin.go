@@ -88,7 +88,16 @@ type twinRun struct {
 	TwinCPUMs    float64 `json:"twin_stack_cpu_ms"`
 	TwinElapsedS float64 `json:"twin_elapsed_s"`
 	TracerCPUMs  float64 `json:"tracer_cpu_ms,omitempty"`
-	Invalid      string  `json:"invalid,omitempty"`
+	// The traced copy's asyncio-parent probe hits in the window, from
+	// gymtrace's counters: context copies linked, uvloop writes seen.
+	Copies   float64 `json:"context_copies,omitempty"`
+	UVWrites float64 `json:"uvloop_writes,omitempty"`
+	Invalid  string  `json:"invalid,omitempty"`
+}
+
+// pyProbeHits reads gymtrace's counters of its two Python probes.
+func pyProbeHits(m Metrics) (copies, uvWrites float64) {
+	return m["gymtrace_python_context_total{event=linked}"], m["gymtrace_python_context_total{event=uv_writes}"]
 }
 
 // cpuRatio is the measured copy's CPU per rollout over its twin's.
@@ -260,9 +269,13 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 		}
 	}
 	var k0 kernelSnap
+	var m0 Metrics
 	var err error
 	if gt != nil {
 		if k0, err = snapKernel(gt.pid()); err != nil {
+			return run, err
+		}
+		if m0, err = scrapeMetrics(gt.metricsAddr); err != nil {
 			return run, err
 		}
 	}
@@ -326,6 +339,13 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 			return run, err
 		}
 		run.TracerCPUMs = float64(k1.Usage.CPU-k0.Usage.CPU) / 1e6
+		m1, err := scrapeMetrics(gt.metricsAddr)
+		if err != nil {
+			return run, err
+		}
+		c0, u0 := pyProbeHits(m0)
+		c1, u1 := pyProbeHits(m1)
+		run.Copies, run.UVWrites = c1-c0, u1-u0
 		if err := gt.stop(15 * time.Second); err != nil {
 			return run, fmt.Errorf("stopping gymtrace: %w", err)
 		}

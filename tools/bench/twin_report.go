@@ -30,6 +30,13 @@ type TwinRow struct {
 	TwinRolloutsS float64  `json:"twin_rollouts_per_s"`
 	GymTelemetry  bool     `json:"gym_telemetry,omitempty"`
 	Untraced      bool     `json:"untraced,omitempty"`
+	// The asyncio-parent probes' hits per rollout and what their kernel
+	// round trips cost at this host's measured price (table 3b), as a
+	// share of the twin's CPU per rollout: the part of the servers' added
+	// CPU that the probes' traps explain (NaN without the tax phase).
+	CopiesPerRoll   float64 `json:"context_copies_per_rollout,omitempty"`
+	UVWritesPerRoll float64 `json:"uvloop_writes_per_rollout,omitempty"`
+	TrapsPct        float64 `json:"probe_traps_pct_of_twin"`
 }
 
 func (rep *Report) analyseTwin() {
@@ -66,8 +73,10 @@ func (rep *Report) analyseTwin() {
 		runs := by[name]
 		_, cfg := rowOf(name)
 		cpu, withAgent, thr := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
-		var agent, ms, twinMs, rps, twinRps []float64
+		var agent, ms, twinMs, rps, twinRps, copies, uvw []float64
 		for _, r := range runs {
+			copies = append(copies, r.Copies/float64(r.Rollouts))
+			uvw = append(uvw, r.UVWrites/float64(r.Rollouts))
 			cpu[r.Plain] = append(cpu[r.Plain], r.cpuRatio())
 			thr[r.Plain] = append(thr[r.Plain], r.throughputRatio())
 			share := 0.0
@@ -81,9 +90,16 @@ func (rep *Report) analyseTwin() {
 			rps = append(rps, float64(r.Rollouts)/r.ElapsedS)
 			twinRps = append(twinRps, float64(r.TwinRollouts)/r.TwinElapsedS)
 		}
-		rep.Twin = append(rep.Twin, TwinRow{Config: name, Rounds: len(runs), StackCPU: balancedRatioCI(cpu), Throughput: balancedRatioCI(thr),
+		row := TwinRow{Config: name, Rounds: len(runs), StackCPU: balancedRatioCI(cpu), Throughput: balancedRatioCI(thr),
 			WithAgent: balancedRatioCI(withAgent), AgentCPUPct: mean(agent), CPUMsPerRoll: mean(ms), TwinCPUMsRoll: mean(twinMs),
-			RolloutsPerS: mean(rps), TwinRolloutsS: mean(twinRps), GymTelemetry: cfg.GymTel, Untraced: cfg.Untraced})
+			RolloutsPerS: mean(rps), TwinRolloutsS: mean(twinRps), GymTelemetry: cfg.GymTel, Untraced: cfg.Untraced,
+			CopiesPerRoll: mean(copies), UVWritesPerRoll: mean(uvw), TrapsPct: math.NaN()}
+		if entry, ret, ok := rep.probeTrapNs(); ok && row.TwinCPUMsRoll > 0 {
+			// A copy is a uretprobe (entry trap and return), a write an entry probe.
+			trapMs := (row.CopiesPerRoll*ret + row.UVWritesPerRoll*entry) / 1e6
+			row.TrapsPct = 100 * trapMs / row.TwinCPUMsRoll
+		}
+		rep.Twin = append(rep.Twin, row)
 	}
 }
 
@@ -159,7 +175,7 @@ func (rep *Report) twinTable() (table, bool) {
 		"one traced; %d rounds, the traced copy alternating; ratios measured/twin, geometric mean [95%% CI]",
 		rep.twinRuntime(), s.TwinWindowS, s.TwinConcurrency, s.TwinRounds)}
 	t.rows = append(t.rows, []string{"config", "servers' CPU/rollout", "servers' added", "agent CPU % of stack", "servers + agent added",
-		"throughput", "ms/rollout measured / twin", "rollouts/s measured / twin"})
+		"throughput", "ms/rollout measured / twin", "rollouts/s measured / twin", "context copies + uvloop writes probed / rollout", "their traps, % of twin's CPU"})
 	for _, r := range rep.Twin {
 		agent, total := fmtF(r.AgentCPUPct, 2), pctOver(r.WithAgent)
 		if r.GymTelemetry || r.Untraced {
@@ -168,8 +184,15 @@ func (rep *Report) twinTable() (table, bool) {
 				agent = "in process"
 			}
 		}
+		probes, traps := "-", "-"
+		if !r.GymTelemetry && !r.Untraced {
+			probes = fmtF(r.CopiesPerRoll, 1) + " + " + fmtF(r.UVWritesPerRoll, 1)
+			if !math.IsNaN(r.TrapsPct) {
+				traps = fmt.Sprintf("%.1f %%", r.TrapsPct)
+			}
+		}
 		t.rows = append(t.rows, []string{r.Config, fmtIv(r.StackCPU, 3), pctOver(r.StackCPU), agent, total, fmtIv(r.Throughput, 3),
-			fmtF(r.CPUMsPerRoll, 2) + " / " + fmtF(r.TwinCPUMsRoll, 2), fmtF(r.RolloutsPerS, 1) + " / " + fmtF(r.TwinRolloutsS, 1)})
+			fmtF(r.CPUMsPerRoll, 2) + " / " + fmtF(r.TwinCPUMsRoll, 2), fmtF(r.RolloutsPerS, 1) + " / " + fmtF(r.TwinRolloutsS, 1), probes, traps})
 	}
 	return t, len(t.rows) > 1
 }
