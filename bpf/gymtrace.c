@@ -12,7 +12,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define GT_INJECT // syscalls.h tells bpf/inject.h about message starts
 #include "syscalls.h"
 #include "lifecycle.h"
-#include "python_probes.h" // asyncio causality: PyContext_CopyCurrent return probe
+#include "python_probes.h" // asyncio causality: PyContext_CopyCurrent return and call-site probes
 #include "python_uvloop.h" // uvloop: the UVStream write probe (deferred writes)
 #include "tls.h" // HTTPS: OpenSSL uprobes, attached per process by internal/tls
 #include "inject.h" // traceparent into outbound requests: sys_enter hooks, sock_ops, sk_msg (internal/inject)
@@ -34,4 +34,5 @@ enum gt_inject_stat gt_contract_inject_stat __attribute__((unused));
 enum gt_inject_cfg_flag gt_contract_inject_cfg __attribute__((unused));
 enum gt_prof_section gt_contract_prof __attribute__((unused));
 enum gt_py_status gt_contract_py_status __attribute__((unused));
+enum gt_py_reg gt_contract_py_reg __attribute__((unused));
 struct gt_trace_ctx gt_contract_trace_ctx __attribute__((unused));

@@ -14,16 +14,20 @@
 // syscall rather than a trap. The entry trap must hit an instruction the
 // kernel emulates: internal/python places it after a leading endbr64 (CET
 // builds such as Debian 13's), on the push that follows. Measured: about
-// 1.3 µs a hit in all (docs/python-causality.md).
+// 1.3 µs a hit in all (docs/python-causality.md). On x86-64, once a
+// process's modules are loaded, internal/python moves the link to the call
+// sites (gt_py_copy_site below) and keeps this program for wrappers only a
+// method table reaches.
 #pragma once
 
 #include "python.h"
 
-// Only the return-value register; CO-RE drops the ___gtpy suffix and
-// relocates against the running kernel's struct pt_regs.
+// The registers a probe reads; CO-RE drops the ___gtpy suffix and relocates
+// against the running kernel's struct pt_regs.
 struct pt_regs___gtpy {
 #if defined(__TARGET_ARCH_x86)
-	unsigned long ax;
+	unsigned long ax, bx, cx, dx, si, di, bp;
+	unsigned long r8, r9, r10, r11, r12, r13, r14, r15;
 #elif defined(__TARGET_ARCH_arm64)
 	unsigned long regs[31];
 #endif
@@ -41,16 +45,59 @@ static __always_inline __u64 gt_py_retval(void *ctx)
 #endif
 }
 
+// gt_py_site_reg: the register a call-site probe's cookie names (enum
+// gt_py_reg), where internal/probesite found the new context after the call.
+static __always_inline __u64 gt_py_site_reg(void *ctx)
+{
+#if defined(__TARGET_ARCH_x86)
+	// All of them, then one picked by index: a switch of loads becomes one
+	// load at ctx plus a chosen offset, which the verifier refuses (a
+	// context pointer is only read at constant offsets).
+	struct pt_regs___gtpy *regs = ctx;
+	__u64 r[GT_PY_REG_R15 + 1] = {
+		regs->ax, regs->bx, regs->cx, regs->dx, regs->si, regs->di, regs->bp, regs->r8,
+		regs->r9, regs->r10, regs->r11, regs->r12, regs->r13, regs->r14, regs->r15,
+	};
+	__u64 i = bpf_get_attach_cookie(ctx);
+	if (i <= GT_PY_REG_R15)
+		return r[i];
+#endif
+	return 0; // call-site probes are x86-64 only
+}
+
+static __always_inline int gt_py_link_new(__u64 child, int site);
+
 SEC("uretprobe/PyContext_CopyCurrent")
 int gt_py_copy_ret(void *ctx)
 {
-	__u64 child = gt_py_retval(ctx) & GT_PY_ADDR_MASK;
+	return gt_py_link_new(gt_py_retval(ctx) & GT_PY_ADDR_MASK, 0);
+}
+
+// Why an entry probe after the call: a return probe costs a trap at the
+// function's entry and a second kernel entry at its return; at a call site,
+// on the first instruction after the call that the kernel emulates, one
+// trap sees the new context in a register (internal/probesite.FindCalls).
+// Measured on a host with PTI and no PCID: 5.3 us against 6.7 us with an
+// empty program, and one kernel entry a copy instead of two.
+SEC("uprobe/PyContext_CopyCurrent_site")
+int gt_py_copy_site(void *ctx)
+{
+	return gt_py_link_new(gt_py_site_reg(ctx) & GT_PY_ADDR_MASK, 1);
+}
+
+// gt_py_link_new records the birth of child, a context the current one was
+// copied into. site: the value came from a call site's register, so it is
+// checked to be a PyContext first (a return probe's is one by construction).
+static __always_inline int gt_py_link_new(__u64 child, int site)
+{
 	if (!child)
 		return 0; // the copy failed (MemoryError)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
 	if (!p)
+		return 0;
+	if (site && !gt_py_is_context(p, child))
 		return 0;
 	__u64 t0 = gt_prof_begin();
 
@@ -125,6 +172,8 @@ int gt_py_copy_ret(void *ctx)
 	else
 		bpf_map_update_elem(&gt_py_links, &child, &l, BPF_ANY);
 	gt_py_stat(GT_PY_LINKED);
+	if (site)
+		gt_py_stat(GT_PY_LINKED_SITE);
 	gt_prof_end(GT_PROF_PY_COPY, t0);
 	return 0;
 }

@@ -120,6 +120,27 @@ struct gt_py_spawner {
 	__s32 fd;
 };
 
+// The register a call-site link probe reads the new context from: its
+// attach cookie (internal/python maps internal/probesite's x86asm registers
+// to these). x86-64 only; %rsp never holds it.
+enum gt_py_reg {
+	GT_PY_REG_AX = 0,
+	GT_PY_REG_BX = 1,
+	GT_PY_REG_CX = 2,
+	GT_PY_REG_DX = 3,
+	GT_PY_REG_SI = 4,
+	GT_PY_REG_DI = 5,
+	GT_PY_REG_BP = 6,
+	GT_PY_REG_R8 = 7,
+	GT_PY_REG_R9 = 8,
+	GT_PY_REG_R10 = 9,
+	GT_PY_REG_R11 = 10,
+	GT_PY_REG_R12 = 11,
+	GT_PY_REG_R13 = 12,
+	GT_PY_REG_R14 = 13,
+	GT_PY_REG_R15 = 14,
+};
+
 // Outcome of gt_py_context, counted per CPU in gt_py_stats.
 enum gt_py_status {
 	GT_PY_OK = 0,
@@ -136,5 +157,6 @@ enum gt_py_status {
 	GT_PY_UV_WRITES = 11,   // (counter only) uvloop writes recorded by the write probe
 	GT_PY_UV_TAKEN = 12,    // (counter only) message starts whose context came from that record
 	GT_PY_UV_SKIPPED = 13,  // (counter only) uvloop writes of a buffer type the probe does not read
-	GT_PY_STAT_MAX = 14,
+	GT_PY_LINKED_SITE = 14, // (counter only) of GT_PY_LINKED, those written by a call-site probe
+	GT_PY_STAT_MAX = 15,
 };

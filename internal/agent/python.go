@@ -172,6 +172,7 @@ func (p *pyTargets) uvloop(pid int, in *python.Interpreter) {
 	p.mu.Lock()
 	delete(p.uvWatch, pid)
 	p.mu.Unlock()
+	go p.sites(pid, in)
 }
 
 func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
@@ -190,10 +191,15 @@ func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
 		p.mu.Lock()
 		stop := !p.uvWatch[pid] || p.interp[pid] != in || !p.want || p.pureLocked(pid)
 		p.mu.Unlock()
-		if stop || p.tryUVloop(pid, in) {
+		if stop {
+			return
+		}
+		if p.tryUVloop(pid, in) {
+			p.sites(pid, in)
 			return
 		}
 	}
+	p.sites(pid, in) // the default loop: its modules are loaded by now
 }
 
 // tryUVloop reports whether the process's loop question is settled: uvloop

@@ -363,6 +363,26 @@ type bpfGtPyParams struct {
 	Flags             uint16
 }
 
+type bpfGtPyReg uint32
+
+const (
+	bpfGtPyRegGT_PY_REG_AX  bpfGtPyReg = 0
+	bpfGtPyRegGT_PY_REG_BX  bpfGtPyReg = 1
+	bpfGtPyRegGT_PY_REG_CX  bpfGtPyReg = 2
+	bpfGtPyRegGT_PY_REG_DX  bpfGtPyReg = 3
+	bpfGtPyRegGT_PY_REG_SI  bpfGtPyReg = 4
+	bpfGtPyRegGT_PY_REG_DI  bpfGtPyReg = 5
+	bpfGtPyRegGT_PY_REG_BP  bpfGtPyReg = 6
+	bpfGtPyRegGT_PY_REG_R8  bpfGtPyReg = 7
+	bpfGtPyRegGT_PY_REG_R9  bpfGtPyReg = 8
+	bpfGtPyRegGT_PY_REG_R10 bpfGtPyReg = 9
+	bpfGtPyRegGT_PY_REG_R11 bpfGtPyReg = 10
+	bpfGtPyRegGT_PY_REG_R12 bpfGtPyReg = 11
+	bpfGtPyRegGT_PY_REG_R13 bpfGtPyReg = 12
+	bpfGtPyRegGT_PY_REG_R14 bpfGtPyReg = 13
+	bpfGtPyRegGT_PY_REG_R15 bpfGtPyReg = 14
+)
+
 type bpfGtPyScratch struct {
 	_         structs.HostLayout
 	Wk        bpfGtPyWbufKey
@@ -401,7 +421,8 @@ const (
 	bpfGtPyStatusGT_PY_UV_WRITES   bpfGtPyStatus = 11
 	bpfGtPyStatusGT_PY_UV_TAKEN    bpfGtPyStatus = 12
 	bpfGtPyStatusGT_PY_UV_SKIPPED  bpfGtPyStatus = 13
-	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 14
+	bpfGtPyStatusGT_PY_LINKED_SITE bpfGtPyStatus = 14
+	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 15
 )
 
 type bpfGtPyThread struct {
@@ -790,6 +811,7 @@ const (
 	bpfProgGtInjectMsg          = "gt_inject_msg"
 	bpfProgGtInjectSockops      = "gt_inject_sockops"
 	bpfProgGtPyCopyRet          = "gt_py_copy_ret"
+	bpfProgGtPyCopySite         = "gt_py_copy_site"
 	bpfProgGtPyUvWrite          = "gt_py_uv_write"
 	bpfProgGtTlsFree            = "gt_tls_free"
 	bpfProgGtTlsHandshake       = "gt_tls_handshake"
@@ -805,6 +827,7 @@ const (
 	bpfVarGtContractProcEvent   = "gt_contract_proc_event"
 	bpfVarGtContractProf        = "gt_contract_prof"
 	bpfVarGtContractProvider    = "gt_contract_provider"
+	bpfVarGtContractPyReg       = "gt_contract_py_reg"
 	bpfVarGtContractPyStatus    = "gt_contract_py_status"
 	bpfVarGtContractRole        = "gt_contract_role"
 	bpfVarGtContractSide        = "gt_contract_side"
@@ -879,6 +902,7 @@ type bpfProgramSpecs struct {
 	GtInjectMsg          *ebpf.ProgramSpec `ebpf:"gt_inject_msg"`
 	GtInjectSockops      *ebpf.ProgramSpec `ebpf:"gt_inject_sockops"`
 	GtPyCopyRet          *ebpf.ProgramSpec `ebpf:"gt_py_copy_ret"`
+	GtPyCopySite         *ebpf.ProgramSpec `ebpf:"gt_py_copy_site"`
 	GtPyUvWrite          *ebpf.ProgramSpec `ebpf:"gt_py_uv_write"`
 	GtTlsFree            *ebpf.ProgramSpec `ebpf:"gt_tls_free"`
 	GtTlsHandshake       *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
@@ -939,6 +963,7 @@ type bpfVariableSpecs struct {
 	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
 	GtContractProf       *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
+	GtContractPyReg      *ebpf.VariableSpec `ebpf:"gt_contract_py_reg"`
 	GtContractPyStatus   *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
 	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
@@ -1059,6 +1084,7 @@ type bpfVariables struct {
 	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
 	GtContractProf       *ebpf.Variable `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
+	GtContractPyReg      *ebpf.Variable `ebpf:"gt_contract_py_reg"`
 	GtContractPyStatus   *ebpf.Variable `ebpf:"gt_contract_py_status"`
 	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
@@ -1095,6 +1121,7 @@ type bpfPrograms struct {
 	GtInjectMsg          *ebpf.Program `ebpf:"gt_inject_msg"`
 	GtInjectSockops      *ebpf.Program `ebpf:"gt_inject_sockops"`
 	GtPyCopyRet          *ebpf.Program `ebpf:"gt_py_copy_ret"`
+	GtPyCopySite         *ebpf.Program `ebpf:"gt_py_copy_site"`
 	GtPyUvWrite          *ebpf.Program `ebpf:"gt_py_uv_write"`
 	GtTlsFree            *ebpf.Program `ebpf:"gt_tls_free"`
 	GtTlsHandshake       *ebpf.Program `ebpf:"gt_tls_handshake"`
@@ -1123,6 +1150,7 @@ func (p *bpfPrograms) Close() error {
 		p.GtInjectMsg,
 		p.GtInjectSockops,
 		p.GtPyCopyRet,
+		p.GtPyCopySite,
 		p.GtPyUvWrite,
 		p.GtTlsFree,
 		p.GtTlsHandshake,

@@ -307,6 +307,10 @@ func (t *Tracer) SetPython(pid int, params any) error {
 // child contexts to their request (attached per process by internal/python).
 func (t *Tracer) PyCopyProgram() *ebpf.Program { return t.objs.GtPyCopyRet }
 
+// PyCopySiteProgram is the same link as an entry probe after a call of
+// PyContext_CopyCurrent, reading the register its cookie names.
+func (t *Tracer) PyCopySiteProgram() *ebpf.Program { return t.objs.GtPyCopySite }
+
 // PyUVWriteProgram is the uvloop UVStream write probe that names the task
 // behind a deferred write (attached per process by internal/python).
 func (t *Tracer) PyUVWriteProgram() *ebpf.Program { return t.objs.GtPyUvWrite }

@@ -25,6 +25,7 @@ var pyStatNames = map[uint32]string{
 	uint32(bpfGtPyStatusGT_PY_UV_WRITES):   "uv_writes",
 	uint32(bpfGtPyStatusGT_PY_UV_TAKEN):    "uv_taken",
 	uint32(bpfGtPyStatusGT_PY_UV_SKIPPED):  "uv_skipped",
+	uint32(bpfGtPyStatusGT_PY_LINKED_SITE): "linked_site",
 }
 
 // pyStatMax is the number of gt_py_stats slots.

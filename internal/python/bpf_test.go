@@ -255,3 +255,35 @@ func TestStatusContract(t *testing.T) {
 		t.Errorf("C has %d statuses, Go's statMax is %d", n, statMax)
 	}
 }
+
+// TestSiteRegContract checks siteRegs (the cookies AttachSiteProbes gives a
+// call-site probe) against enum gt_py_reg, which gt_py_site_reg switches
+// on: every C register named the same in Go with the same value.
+func TestSiteRegContract(t *testing.T) {
+	spec, err := pytestbpf.LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *btf.Enum
+	if err := spec.Types.TypeByName("gt_py_reg", &e); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]uint64{}
+	for r, v := range siteRegs {
+		byName[r.String()] = v
+	}
+	for _, v := range e.Values {
+		name := strings.TrimPrefix(v.Name, "GT_PY_REG_")
+		if !strings.HasPrefix(name, "R") {
+			name = "R" + name // AX -> RAX; R8..R15 as they are
+		}
+		got, ok := byName[name]
+		if !ok || got != v.Value {
+			t.Errorf("%s = %d in C; siteRegs[%s] = %d (present %v)", v.Name, v.Value, name, got, ok)
+		}
+		delete(byName, name)
+	}
+	if len(byName) > 0 {
+		t.Errorf("siteRegs has registers C does not: %v", byName)
+	}
+}

@@ -103,7 +103,8 @@ const (
 	StatUVWrites   Status = 11
 	StatUVTaken    Status = 12
 	StatUVSkipped  Status = 13
-	statMax        Status = 14 // checked against the C enum by TestStatusContract
+	StatLinkedSite Status = 14
+	statMax        Status = 15 // checked against the C enum by TestStatusContract
 )
 
 func (s Status) String() string {
@@ -136,6 +137,8 @@ func (s Status) String() string {
 		return "uv_taken"
 	case StatUVSkipped:
 		return "uv_skipped"
+	case StatLinkedSite:
+		return "linked_site"
 	}
 	return fmt.Sprintf("status(%d)", int32(s))
 }

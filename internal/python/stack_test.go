@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -68,6 +69,12 @@ type stackResult struct {
 // with the kernel side on the app, and scores every outbound request's root
 // against the root of the response that carries its inbound request's id.
 func runStack(t *testing.T, which string, n, c int, appArgs ...string) stackResult {
+	return runStackProbes(t, which, n, c, false, appArgs...)
+}
+
+// runStackProbes is runStack with the link probes at the call sites
+// (AttachSiteProbes) when sites is set; a build they cannot cover fails.
+func runStackProbes(t *testing.T, which string, n, c int, sites bool, appArgs ...string) stackResult {
 	objs := loadTestObjects(t)
 	attachTP(t, "sys_enter_sendto", objs.PytestSendto)
 	attachTP(t, "sys_enter_write", objs.PytestWrite)
@@ -88,7 +95,12 @@ func runStack(t *testing.T, which string, n, c int, appArgs ...string) stackResu
 	if err := objs.GtPyProcs.Put(uint32(in.PID), in.Params); err != nil {
 		t.Fatal(err)
 	}
-	probes, err := in.AttachProbes(objs.GtPyCopyRet)
+	var probes io.Closer
+	if sites {
+		probes, _, err = in.AttachSiteProbes(objs.GtPyCopySite, objs.GtPyCopyRet)
+	} else {
+		probes, err = in.AttachProbes(objs.GtPyCopyRet)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +260,44 @@ func TestStackUvloop(t *testing.T) {
 			res := runStack(t, which, 100, 16, "--loop", "uvloop", "--http", "httptools")
 			if res.wrong > 0 {
 				t.Errorf("uvloop: %d outbound calls attributed to the wrong request; unknown is acceptable, wrong is not", res.wrong)
+			}
+		})
+	}
+}
+
+// TestStackCallSites runs the causality app with the link probes at
+// PyContext_CopyCurrent's call sites, then on its return, on Gym's runtime
+// (sid: CPython 3.14, uvloop, httptools), its default-loop fallback and
+// the older builds' uvloop: every build here must be covered whole
+// (FindCalls finds every call), no parent may be wrong, and the sites must
+// give as many right ones as the return probe (this harness has no read
+// rule, so under uvloop both give few).
+func TestStackCallSites(t *testing.T) {
+	requireRoot(t)
+	if !SiteProbesWanted() {
+		t.Skip("call-site probes are x86-64 only (or GYMTRACE_PY_SITES=0)")
+	}
+	for _, r := range []struct {
+		which string
+		args  []string
+	}{
+		{"sid", []string{"--loop", "uvloop", "--http", "httptools"}},
+		{"sid", []string{"--http", "httptools", "--middleware"}},
+		{"trixie", []string{"--loop", "uvloop", "--http", "httptools"}},
+		{"debian", []string{"--http", "h11", "--middleware"}},
+	} {
+		t.Run(r.which+strings.Join(r.args, ""), func(t *testing.T) {
+			site := runStackProbes(t, r.which, 200, 16, true, r.args...)
+			ret := runStackProbes(t, r.which, 200, 16, false, r.args...)
+			if site.outbound < 200*6 {
+				t.Fatalf("saw %d outbound requests, want %d", site.outbound, 200*7)
+			}
+			if site.wrong > 0 || float64(site.correct) < 0.995*float64(ret.correct) {
+				t.Errorf("call-site probes: %d/%d right, %d wrong; the return probe: %d/%d right", site.correct, site.outbound, site.wrong,
+					ret.correct, ret.outbound)
+			}
+			if site.links < ret.links*9/10 {
+				t.Errorf("call-site probes linked %d contexts, the return probe %d", site.links, ret.links)
 			}
 		})
 	}

@@ -681,10 +681,10 @@ func TestTwinRowsFor(t *testing.T) {
 		filter string
 		want   string
 	}{
-		{false, "", "untraced, A against B|groups off|default|per_rollout|server spans only|default, no Python probes|Gym telemetry default, no-op"},
+		{false, "", "untraced, A against B|groups off|default|per_rollout|server spans only|default, no Python probes|default, return probes|Gym telemetry default, no-op"},
 		{true, "", "default"},
 		{false, "groups off,per_rollout", "groups off|per_rollout"},
-		{false, "default", "default|default, no Python probes|Gym telemetry default, no-op"},
+		{false, "default", "default|default, no Python probes|default, return probes|Gym telemetry default, no-op"},
 		{false, "=default;=default, no Python probes", "default|default, no Python probes"},
 		{false, "=default", "default"},
 		{false, "=default;=groups off", "groups off|default"},
@@ -710,9 +710,10 @@ func TestTrapPrices(t *testing.T) {
 			tax("untraced", 1, 3, 1100), tax("uprobe", 1, 5203, 1100), tax("uretprobe", 1, 6803, 1100),
 		},
 		Twin: []twinRun{
-			// 40 copies and 10 uvloop writes per rollout; the twin's CPU is 10 ms a rollout.
-			{Config: "default", Round: 0, Plain: "A", Rollouts: 100, CPUMs: 1100, ElapsedS: 5, TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, Copies: 4000, UVWrites: 1000},
-			{Config: "default", Round: 1, Plain: "B", Rollouts: 100, CPUMs: 1100, ElapsedS: 5, TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, Copies: 4000, UVWrites: 1000},
+			// 40 copies (30 at call sites) and 10 uvloop writes per rollout;
+			// the twin's CPU is 10 ms a rollout.
+			{Config: "default", Round: 0, Plain: "A", Rollouts: 100, CPUMs: 1100, ElapsedS: 5, TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, Copies: 4000, AtSites: 3000, UVWrites: 1000},
+			{Config: "default", Round: 1, Plain: "B", Rollouts: 100, CPUMs: 1100, ElapsedS: 5, TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, Copies: 4000, AtSites: 3000, UVWrites: 1000},
 		},
 	}}
 	rep.analyse()
@@ -730,8 +731,9 @@ func TestTrapPrices(t *testing.T) {
 		t.Errorf("trapNs = %v, %v", ns, measured)
 	}
 	d := rep.Twin[0]
-	// (40 x 6.9 us + 10 x 5.1 us) of 10 ms = 3.27 %.
-	if !near(d.CopiesPerRoll, 40, 1e-9) || !near(d.UVWritesPerRoll, 10, 1e-9) || !near(d.TrapsPct, 100*(40*6900+10*5100)/1e7, 1e-9) {
+	// (10 x 6.9 us + (30 + 10) x 5.1 us) of 10 ms = 2.73 %.
+	if !near(d.CopiesPerRoll, 40, 1e-9) || !near(d.AtSitesPerRoll, 30, 1e-9) || !near(d.UVWritesPerRoll, 10, 1e-9) ||
+		!near(d.TrapsPct, 100*(10*6900+40*5100)/1e7, 1e-9) {
 		t.Fatalf("twin row %+v", d)
 	}
 	// Without the tax phase the share is unknown, not zero.

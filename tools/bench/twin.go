@@ -68,6 +68,9 @@ var twinRows = []twinConfig{
 	// configuration a user has (client spans lose their parents and
 	// traceparent its trace): an attribution row.
 	{Name: "default, no Python probes", Spec: "default", Env: []string{"GYMTRACE_PROF_NO_PYPROBES=1"}},
+	// `default` with the link probe left on PyContext_CopyCurrent's return
+	// (two kernel entries a copy): what the call-site probes save.
+	{Name: "default, return probes", Spec: "default", Env: []string{"GYMTRACE_PY_SITES=0"}},
 	{Name: "Gym telemetry default, no-op", GymTel: true},
 }
 
@@ -91,13 +94,15 @@ type twinRun struct {
 	// The traced copy's asyncio-parent probe hits in the window, from
 	// gymtrace's counters: context copies linked, uvloop writes seen.
 	Copies   float64 `json:"context_copies,omitempty"`
+	AtSites  float64 `json:"context_copies_at_sites,omitempty"` // of Copies, linked by call-site probes (one trap)
 	UVWrites float64 `json:"uvloop_writes,omitempty"`
 	Invalid  string  `json:"invalid,omitempty"`
 }
 
 // pyProbeHits reads gymtrace's counters of its two Python probes.
-func pyProbeHits(m Metrics) (copies, uvWrites float64) {
-	return m["gymtrace_python_context_total{event=linked}"], m["gymtrace_python_context_total{event=uv_writes}"]
+func pyProbeHits(m Metrics) (copies, atSites, uvWrites float64) {
+	return m["gymtrace_python_context_total{event=linked}"], m["gymtrace_python_context_total{event=linked_site}"],
+		m["gymtrace_python_context_total{event=uv_writes}"]
 }
 
 // cpuRatio is the measured copy's CPU per rollout over its twin's.
@@ -343,9 +348,9 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 		if err != nil {
 			return run, err
 		}
-		c0, u0 := pyProbeHits(m0)
-		c1, u1 := pyProbeHits(m1)
-		run.Copies, run.UVWrites = c1-c0, u1-u0
+		c0, s0, u0 := pyProbeHits(m0)
+		c1, s1, u1 := pyProbeHits(m1)
+		run.Copies, run.AtSites, run.UVWrites = c1-c0, s1-s0, u1-u0
 		if err := gt.stop(15 * time.Second); err != nil {
 			return run, fmt.Errorf("stopping gymtrace: %w", err)
 		}

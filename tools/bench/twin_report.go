@@ -35,6 +35,7 @@ type TwinRow struct {
 	// share of the twin's CPU per rollout: the part of the servers' added
 	// CPU that the probes' traps explain (NaN without the tax phase).
 	CopiesPerRoll   float64 `json:"context_copies_per_rollout,omitempty"`
+	AtSitesPerRoll  float64 `json:"context_copies_at_sites_per_rollout,omitempty"`
 	UVWritesPerRoll float64 `json:"uvloop_writes_per_rollout,omitempty"`
 	TrapsPct        float64 `json:"probe_traps_pct_of_twin"`
 }
@@ -73,9 +74,10 @@ func (rep *Report) analyseTwin() {
 		runs := by[name]
 		_, cfg := rowOf(name)
 		cpu, withAgent, thr := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
-		var agent, ms, twinMs, rps, twinRps, copies, uvw []float64
+		var agent, ms, twinMs, rps, twinRps, copies, atSites, uvw []float64
 		for _, r := range runs {
 			copies = append(copies, r.Copies/float64(r.Rollouts))
+			atSites = append(atSites, r.AtSites/float64(r.Rollouts))
 			uvw = append(uvw, r.UVWrites/float64(r.Rollouts))
 			cpu[r.Plain] = append(cpu[r.Plain], r.cpuRatio())
 			thr[r.Plain] = append(thr[r.Plain], r.throughputRatio())
@@ -93,10 +95,12 @@ func (rep *Report) analyseTwin() {
 		row := TwinRow{Config: name, Rounds: len(runs), StackCPU: balancedRatioCI(cpu), Throughput: balancedRatioCI(thr),
 			WithAgent: balancedRatioCI(withAgent), AgentCPUPct: mean(agent), CPUMsPerRoll: mean(ms), TwinCPUMsRoll: mean(twinMs),
 			RolloutsPerS: mean(rps), TwinRolloutsS: mean(twinRps), GymTelemetry: cfg.GymTel, Untraced: cfg.Untraced,
-			CopiesPerRoll: mean(copies), UVWritesPerRoll: mean(uvw), TrapsPct: math.NaN()}
+			CopiesPerRoll: mean(copies), AtSitesPerRoll: mean(atSites), UVWritesPerRoll: mean(uvw), TrapsPct: math.NaN()}
 		if entry, ret, ok := rep.probeTrapNs(); ok && row.TwinCPUMsRoll > 0 {
-			// A copy is a uretprobe (entry trap and return), a write an entry probe.
-			trapMs := (row.CopiesPerRoll*ret + row.UVWritesPerRoll*entry) / 1e6
+			// A copy seen at its call site is an entry probe, any other a
+			// return probe (entry trap and return); a write an entry probe.
+			atRet := row.CopiesPerRoll - row.AtSitesPerRoll
+			trapMs := (atRet*ret + (row.AtSitesPerRoll+row.UVWritesPerRoll)*entry) / 1e6
 			row.TrapsPct = 100 * trapMs / row.TwinCPUMsRoll
 		}
 		rep.Twin = append(rep.Twin, row)
@@ -175,7 +179,7 @@ func (rep *Report) twinTable() (table, bool) {
 		"one traced; %d rounds, the traced copy alternating; ratios measured/twin, geometric mean [95%% CI]",
 		rep.twinRuntime(), s.TwinWindowS, s.TwinConcurrency, s.TwinRounds)}
 	t.rows = append(t.rows, []string{"config", "servers' CPU/rollout", "servers' added", "agent CPU % of stack", "servers + agent added",
-		"throughput", "ms/rollout measured / twin", "rollouts/s measured / twin", "context copies + uvloop writes probed / rollout", "their traps, % of twin's CPU"})
+		"throughput", "ms/rollout measured / twin", "rollouts/s measured / twin", "context copies (at call sites) + uvloop writes probed / rollout", "their traps, % of twin's CPU"})
 	for _, r := range rep.Twin {
 		agent, total := fmtF(r.AgentCPUPct, 2), pctOver(r.WithAgent)
 		if r.GymTelemetry || r.Untraced {
@@ -186,7 +190,7 @@ func (rep *Report) twinTable() (table, bool) {
 		}
 		probes, traps := "-", "-"
 		if !r.GymTelemetry && !r.Untraced {
-			probes = fmtF(r.CopiesPerRoll, 1) + " + " + fmtF(r.UVWritesPerRoll, 1)
+			probes = fmtF(r.CopiesPerRoll, 1) + " (" + fmtF(r.AtSitesPerRoll, 1) + ") + " + fmtF(r.UVWritesPerRoll, 1)
 			if !math.IsNaN(r.TrapsPct) {
 				traps = fmt.Sprintf("%.1f %%", r.TrapsPct)
 			}

@@ -14,6 +14,9 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+// Kept in BTF for TestSiteRegContract.
+enum gt_py_reg pytest_contract_py_reg __attribute__((unused));
+
 #define PYTEST_DATA 160
 
 // One record per write/sendto of a process in gt_py_procs: the context the

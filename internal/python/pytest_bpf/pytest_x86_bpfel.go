@@ -176,6 +176,26 @@ type pytestGtPyParams struct {
 	Flags             uint16
 }
 
+type pytestGtPyReg uint32
+
+const (
+	pytestGtPyRegGT_PY_REG_AX  pytestGtPyReg = 0
+	pytestGtPyRegGT_PY_REG_BX  pytestGtPyReg = 1
+	pytestGtPyRegGT_PY_REG_CX  pytestGtPyReg = 2
+	pytestGtPyRegGT_PY_REG_DX  pytestGtPyReg = 3
+	pytestGtPyRegGT_PY_REG_SI  pytestGtPyReg = 4
+	pytestGtPyRegGT_PY_REG_DI  pytestGtPyReg = 5
+	pytestGtPyRegGT_PY_REG_BP  pytestGtPyReg = 6
+	pytestGtPyRegGT_PY_REG_R8  pytestGtPyReg = 7
+	pytestGtPyRegGT_PY_REG_R9  pytestGtPyReg = 8
+	pytestGtPyRegGT_PY_REG_R10 pytestGtPyReg = 9
+	pytestGtPyRegGT_PY_REG_R11 pytestGtPyReg = 10
+	pytestGtPyRegGT_PY_REG_R12 pytestGtPyReg = 11
+	pytestGtPyRegGT_PY_REG_R13 pytestGtPyReg = 12
+	pytestGtPyRegGT_PY_REG_R14 pytestGtPyReg = 13
+	pytestGtPyRegGT_PY_REG_R15 pytestGtPyReg = 14
+)
+
 type pytestGtPyScratch struct {
 	_         structs.HostLayout
 	Wk        pytestGtPyWbufKey
@@ -214,7 +234,8 @@ const (
 	pytestGtPyStatusGT_PY_UV_WRITES   pytestGtPyStatus = 11
 	pytestGtPyStatusGT_PY_UV_TAKEN    pytestGtPyStatus = 12
 	pytestGtPyStatusGT_PY_UV_SKIPPED  pytestGtPyStatus = 13
-	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 14
+	pytestGtPyStatusGT_PY_LINKED_SITE pytestGtPyStatus = 14
+	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 15
 )
 
 type pytestGtPyThread struct {
@@ -355,42 +376,44 @@ type pytestPytestEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	pytestMapGtConfig          = "gt_config"
-	pytestMapGtConns           = "gt_conns"
-	pytestMapGtEvents          = "gt_events"
-	pytestMapGtProf            = "gt_prof"
-	pytestMapGtPyLinks         = "gt_py_links"
-	pytestMapGtPyProcs         = "gt_py_procs"
-	pytestMapGtPyScratch       = "gt_py_scratch"
-	pytestMapGtPySpawners      = "gt_py_spawners"
-	pytestMapGtPyStats         = "gt_py_stats"
-	pytestMapGtPyThreads       = "gt_py_threads"
-	pytestMapGtPyWbufs         = "gt_py_wbufs"
-	pytestMapGtRoutes          = "gt_routes"
-	pytestMapGtScratch         = "gt_scratch"
-	pytestMapGtStats           = "gt_stats"
-	pytestMapGtTargetBits      = "gt_target_bits"
-	pytestMapGtTargets         = "gt_targets"
-	pytestMapPytestEvents      = "pytest_events"
-	pytestMapPytestLastResp    = "pytest_last_resp"
-	pytestMapPytestRecvBuf     = "pytest_recv_buf"
-	pytestProgGtPyCopyRet      = "gt_py_copy_ret"
-	pytestProgPytestCostBase   = "pytest_cost_base"
-	pytestProgPytestCostCtx    = "pytest_cost_ctx"
-	pytestProgPytestRecvEnter  = "pytest_recv_enter"
-	pytestProgPytestRecvExit   = "pytest_recv_exit"
-	pytestProgPytestSendto     = "pytest_sendto"
-	pytestProgPytestWrite      = "pytest_write"
-	pytestVarGtNextConnId      = "gt_next_conn_id"
-	pytestVarGtProfSkip        = "gt_prof_skip"
-	pytestVarGtProfTime        = "gt_prof_time"
-	pytestVarGtWakeupBytes     = "gt_wakeup_bytes"
-	pytestVarPytestSink        = "pytest_sink"
-	pytestVarUnusedPyLink      = "unused_py_link"
-	pytestVarUnusedPyParams    = "unused_py_params"
-	pytestVarUnusedPyStatus    = "unused_py_status"
-	pytestVarUnusedPyThread    = "unused_py_thread"
-	pytestVarUnusedPytestEvent = "unused_pytest_event"
+	pytestMapGtConfig            = "gt_config"
+	pytestMapGtConns             = "gt_conns"
+	pytestMapGtEvents            = "gt_events"
+	pytestMapGtProf              = "gt_prof"
+	pytestMapGtPyLinks           = "gt_py_links"
+	pytestMapGtPyProcs           = "gt_py_procs"
+	pytestMapGtPyScratch         = "gt_py_scratch"
+	pytestMapGtPySpawners        = "gt_py_spawners"
+	pytestMapGtPyStats           = "gt_py_stats"
+	pytestMapGtPyThreads         = "gt_py_threads"
+	pytestMapGtPyWbufs           = "gt_py_wbufs"
+	pytestMapGtRoutes            = "gt_routes"
+	pytestMapGtScratch           = "gt_scratch"
+	pytestMapGtStats             = "gt_stats"
+	pytestMapGtTargetBits        = "gt_target_bits"
+	pytestMapGtTargets           = "gt_targets"
+	pytestMapPytestEvents        = "pytest_events"
+	pytestMapPytestLastResp      = "pytest_last_resp"
+	pytestMapPytestRecvBuf       = "pytest_recv_buf"
+	pytestProgGtPyCopyRet        = "gt_py_copy_ret"
+	pytestProgGtPyCopySite       = "gt_py_copy_site"
+	pytestProgPytestCostBase     = "pytest_cost_base"
+	pytestProgPytestCostCtx      = "pytest_cost_ctx"
+	pytestProgPytestRecvEnter    = "pytest_recv_enter"
+	pytestProgPytestRecvExit     = "pytest_recv_exit"
+	pytestProgPytestSendto       = "pytest_sendto"
+	pytestProgPytestWrite        = "pytest_write"
+	pytestVarGtNextConnId        = "gt_next_conn_id"
+	pytestVarGtProfSkip          = "gt_prof_skip"
+	pytestVarGtProfTime          = "gt_prof_time"
+	pytestVarGtWakeupBytes       = "gt_wakeup_bytes"
+	pytestVarPytestContractPyReg = "pytest_contract_py_reg"
+	pytestVarPytestSink          = "pytest_sink"
+	pytestVarUnusedPyLink        = "unused_py_link"
+	pytestVarUnusedPyParams      = "unused_py_params"
+	pytestVarUnusedPyStatus      = "unused_py_status"
+	pytestVarUnusedPyThread      = "unused_py_thread"
+	pytestVarUnusedPytestEvent   = "unused_pytest_event"
 )
 
 // loadPytest returns the embedded CollectionSpec for pytest.
@@ -436,6 +459,7 @@ type pytestSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type pytestProgramSpecs struct {
 	GtPyCopyRet     *ebpf.ProgramSpec `ebpf:"gt_py_copy_ret"`
+	GtPyCopySite    *ebpf.ProgramSpec `ebpf:"gt_py_copy_site"`
 	PytestCostBase  *ebpf.ProgramSpec `ebpf:"pytest_cost_base"`
 	PytestCostCtx   *ebpf.ProgramSpec `ebpf:"pytest_cost_ctx"`
 	PytestRecvEnter *ebpf.ProgramSpec `ebpf:"pytest_recv_enter"`
@@ -473,16 +497,17 @@ type pytestMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pytestVariableSpecs struct {
-	GtNextConnId      *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
-	GtProfSkip        *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
-	GtProfTime        *ebpf.VariableSpec `ebpf:"gt_prof_time"`
-	GtWakeupBytes     *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
-	PytestSink        *ebpf.VariableSpec `ebpf:"pytest_sink"`
-	UnusedPyLink      *ebpf.VariableSpec `ebpf:"unused_py_link"`
-	UnusedPyParams    *ebpf.VariableSpec `ebpf:"unused_py_params"`
-	UnusedPyStatus    *ebpf.VariableSpec `ebpf:"unused_py_status"`
-	UnusedPyThread    *ebpf.VariableSpec `ebpf:"unused_py_thread"`
-	UnusedPytestEvent *ebpf.VariableSpec `ebpf:"unused_pytest_event"`
+	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime          *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
+	PytestContractPyReg *ebpf.VariableSpec `ebpf:"pytest_contract_py_reg"`
+	PytestSink          *ebpf.VariableSpec `ebpf:"pytest_sink"`
+	UnusedPyLink        *ebpf.VariableSpec `ebpf:"unused_py_link"`
+	UnusedPyParams      *ebpf.VariableSpec `ebpf:"unused_py_params"`
+	UnusedPyStatus      *ebpf.VariableSpec `ebpf:"unused_py_status"`
+	UnusedPyThread      *ebpf.VariableSpec `ebpf:"unused_py_thread"`
+	UnusedPytestEvent   *ebpf.VariableSpec `ebpf:"unused_pytest_event"`
 }
 
 // pytestObjects contains all objects after they have been loaded into the kernel.
@@ -554,16 +579,17 @@ func (m *pytestMaps) Close() error {
 //
 // It can be passed to loadPytestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pytestVariables struct {
-	GtNextConnId      *ebpf.Variable `ebpf:"gt_next_conn_id"`
-	GtProfSkip        *ebpf.Variable `ebpf:"gt_prof_skip"`
-	GtProfTime        *ebpf.Variable `ebpf:"gt_prof_time"`
-	GtWakeupBytes     *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
-	PytestSink        *ebpf.Variable `ebpf:"pytest_sink"`
-	UnusedPyLink      *ebpf.Variable `ebpf:"unused_py_link"`
-	UnusedPyParams    *ebpf.Variable `ebpf:"unused_py_params"`
-	UnusedPyStatus    *ebpf.Variable `ebpf:"unused_py_status"`
-	UnusedPyThread    *ebpf.Variable `ebpf:"unused_py_thread"`
-	UnusedPytestEvent *ebpf.Variable `ebpf:"unused_pytest_event"`
+	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime          *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
+	PytestContractPyReg *ebpf.Variable `ebpf:"pytest_contract_py_reg"`
+	PytestSink          *ebpf.Variable `ebpf:"pytest_sink"`
+	UnusedPyLink        *ebpf.Variable `ebpf:"unused_py_link"`
+	UnusedPyParams      *ebpf.Variable `ebpf:"unused_py_params"`
+	UnusedPyStatus      *ebpf.Variable `ebpf:"unused_py_status"`
+	UnusedPyThread      *ebpf.Variable `ebpf:"unused_py_thread"`
+	UnusedPytestEvent   *ebpf.Variable `ebpf:"unused_pytest_event"`
 }
 
 // pytestPrograms contains all programs after they have been loaded into the kernel.
@@ -571,6 +597,7 @@ type pytestVariables struct {
 // It can be passed to loadPytestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pytestPrograms struct {
 	GtPyCopyRet     *ebpf.Program `ebpf:"gt_py_copy_ret"`
+	GtPyCopySite    *ebpf.Program `ebpf:"gt_py_copy_site"`
 	PytestCostBase  *ebpf.Program `ebpf:"pytest_cost_base"`
 	PytestCostCtx   *ebpf.Program `ebpf:"pytest_cost_ctx"`
 	PytestRecvEnter *ebpf.Program `ebpf:"pytest_recv_enter"`
@@ -582,6 +609,7 @@ type pytestPrograms struct {
 func (p *pytestPrograms) Close() error {
 	return _PytestClose(
 		p.GtPyCopyRet,
+		p.GtPyCopySite,
 		p.PytestCostBase,
 		p.PytestCostCtx,
 		p.PytestRecvEnter,

@@ -1,0 +1,145 @@
+package probesite
+
+import (
+	"debug/elf"
+	"errors"
+	"os"
+	"testing"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+const (
+	sidRoot    = "/var/tmp/gymtrace-sid"
+	trixieRoot = "/var/tmp/gymtrace-trixie"
+	copySym    = "PyContext_CopyCurrent"
+)
+
+func openOrSkip(t *testing.T, path string) *elf.File {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s is not here (scripts/setup --tests builds the Python roots): %v", path, err)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// The builds Gym's runtime and the tests use, read as they are on disk:
+// every call of PyContext_CopyCurrent found, each probe on an emulated
+// instruction with the context in a register, and the wrappers reached
+// through method tables given return probes.
+func TestFindCallsDebianBuilds(t *testing.T) {
+	for _, c := range []struct {
+		path           string
+		sites, returns int
+	}{
+		// uvloop 0.23: 18 calls of its Context_CopyCurrent wrapper, which
+		// tail-jumps through the PLT (objdump finds the same 18).
+		{sidRoot + "/usr/lib/python3/dist-packages/uvloop/loop.cpython-314-x86_64-linux-gnu.so", 18, 0},
+		// Task creation and Future.add_done_callback.
+		{sidRoot + "/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so", 2, 0},
+		{trixieRoot + "/usr/lib/python3.13/lib-dynload/_asyncio.cpython-313-x86_64-linux-gnu.so", 2, 0},
+		// contextvars.copy_context: a wrapper only its method table reaches.
+		{sidRoot + "/usr/bin/python3.14", 0, 1},
+		{trixieRoot + "/usr/lib/python3.13/lib-dynload/_contextvars.cpython-313-x86_64-linux-gnu.so", 0, 1},
+		{"/usr/lib/python3.11/lib-dynload/_contextvars.cpython-311-x86_64-linux-gnu.so", 0, 1},
+		// The interpreters that call it from no instruction of their own.
+		{trixieRoot + "/usr/bin/python3.13", 0, 0},
+		{"/usr/bin/python3.11", 0, 0},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			f := openOrSkip(t, c.path)
+			got, err := FindCalls(f, copySym)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Sites) != c.sites || len(got.Returns) != c.returns {
+				t.Fatalf("%d sites and %d return probes (%#x), want %d and %d", len(got.Sites), len(got.Returns), got.Returns, c.sites, c.returns)
+			}
+			for _, s := range got.Sites {
+				code, err := ReadVaddr(f, s.Probe, 16)
+				if err != nil || !IsEmulated(code) || s.Probe <= s.Call || s.Probe-s.Call > 64 || s.Reg != x86asm.RAX {
+					t.Errorf("site %+v: probe bytes % x (err %v)", s, code, err)
+				}
+			}
+			for _, w := range got.Returns {
+				if _, cheap, err := Entry(f, w); err != nil || !cheap {
+					t.Errorf("wrapper %#x: entry not emulated (err %v)", w, err)
+				}
+			}
+		})
+	}
+}
+
+// fn decodes code as a function at 0x1000, with the call target 0x2000.
+func fn(t *testing.T, code []byte) (*tracker, *function) {
+	t.Helper()
+	tr := &tracker{targets: map[uint64]bool{0x2000: true}, slots: map[uint64]bool{}}
+	f, err := tr.decode(code, 0x1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr, f
+}
+
+// call 0x2000 from 0x1000: e8 + rel32 (0x2000 - 0x1005).
+var call = []byte{0xe8, 0xfb, 0x0f, 0x00, 0x00}
+
+func TestAfterCall(t *testing.T) {
+	var (
+		movRbxRax   = []byte{0x48, 0x89, 0xc3}
+		xorEax      = []byte{0x31, 0xc0}
+		testRbx     = []byte{0x48, 0x85, 0xdb}
+		testRax     = []byte{0x48, 0x85, 0xc0}
+		je          = []byte{0x74, 0x10}
+		storeRax    = []byte{0x48, 0x89, 0x44, 0x24, 0x08} // mov %rax,0x8(%rsp)
+		callNext    = []byte{0xe8, 0x00, 0x00, 0x00, 0x00}
+		popRbx      = []byte{0x5b}
+		ret         = []byte{0xc3}
+		jmpTableEnd = []byte{0x3e, 0xff, 0xe0} // notrack jmp *%rax, no table before it
+	)
+	for _, c := range []struct {
+		name  string
+		code  []byte
+		probe uint64 // 0: not covered
+		reg   x86asm.Reg
+	}{
+		{"test and je", cat(call, testRax, je, ret), 0x1008, x86asm.RAX},
+		{"moved, then the old register reused", cat(call, movRbxRax, xorEax, testRbx, je, ret), 0x100d, x86asm.RBX},
+		{"stored, then another call", cat(call, storeRax, callNext, ret), 0x100a, x86asm.RAX},
+		{"popped over", cat(call, popRbx, testRax, je, ret), 0, 0},
+		{"overwritten", cat(call, xorEax, je, ret), 0, 0},
+		{"a jump through a register", cat(call, testRax, je, ret, jmpTableEnd), 0, 0},
+		// jmp back to the test (at 0x1005) from after the je: another path.
+		{"a branch into the window", cat(call, testRax, je, []byte{0xeb, 0xf9}), 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, f := fn(t, c.code)
+			site, err := afterCall(f, 0)
+			if c.probe == 0 {
+				if !errors.Is(err, ErrNotCovered) {
+					t.Fatalf("site %+v, err %v: want ErrNotCovered", site, err)
+				}
+				return
+			}
+			if err != nil || site.Probe != c.probe || site.Reg != c.reg {
+				t.Fatalf("site %+v, err %v: want probe %#x in %v", site, err, c.probe, c.reg)
+			}
+		})
+	}
+}
+
+func TestFamily(t *testing.T) {
+	for r, want := range map[x86asm.Reg]x86asm.Reg{
+		x86asm.EAX: x86asm.RAX, x86asm.R9L: x86asm.R9, x86asm.BX: x86asm.RBX, x86asm.AH: x86asm.RAX, x86asm.BH: x86asm.RBX,
+		x86asm.SIB: x86asm.RSI, x86asm.R15B: x86asm.R15, x86asm.CL: x86asm.RCX, x86asm.R12: x86asm.R12,
+	} {
+		if got := family(r); got != want {
+			t.Errorf("family(%v) = %v, want %v", r, got, want)
+		}
+	}
+}
