@@ -35,11 +35,12 @@ func openOrSkip(t *testing.T, path string) *elf.File {
 func TestFindCallsDebianBuilds(t *testing.T) {
 	for _, c := range []struct {
 		path           string
-		sites, returns int
+		sites, returns int // sites < 0: at least -sites (the build may move)
 	}{
 		// uvloop 0.23: 18 calls of its Context_CopyCurrent wrapper, which
-		// tail-jumps through the PLT (objdump finds the same 18).
-		{sidRoot + "/usr/lib/python3/dist-packages/uvloop/loop.cpython-314-x86_64-linux-gnu.so", 18, 0},
+		// tail-jumps through the PLT (objdump finds the same 18); sid may
+		// bring another uvloop, so at least 10.
+		{sidRoot + "/usr/lib/python3/dist-packages/uvloop/loop.cpython-314-x86_64-linux-gnu.so", -10, 0},
 		// Task creation and Future.add_done_callback.
 		{sidRoot + "/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so", 2, 0},
 		{trixieRoot + "/usr/lib/python3.13/lib-dynload/_asyncio.cpython-313-x86_64-linux-gnu.so", 2, 0},
@@ -57,12 +58,12 @@ func TestFindCallsDebianBuilds(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got.Sites) != c.sites || len(got.Returns) != c.returns {
+			if (c.sites >= 0 && len(got.Sites) != c.sites) || len(got.Sites) < -c.sites || len(got.Returns) != c.returns {
 				t.Fatalf("%d sites and %d return probes (%#x), want %d and %d", len(got.Sites), len(got.Returns), got.Returns, c.sites, c.returns)
 			}
 			for _, s := range got.Sites {
 				code, err := ReadVaddr(f, s.Probe, 16)
-				if err != nil || !IsEmulated(code) || s.Probe <= s.Call || s.Probe-s.Call > 64 || s.Reg != x86asm.RAX {
+				if err != nil || !IsEmulated(code) || s.Probe <= s.Call || s.Probe-s.Call > 64 || family(s.Reg) != s.Reg || s.Reg == x86asm.RSP {
 					t.Errorf("site %+v: probe bytes % x (err %v)", s, code, err)
 				}
 			}
