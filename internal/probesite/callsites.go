@@ -72,6 +72,8 @@ type tracker struct {
 	targets  map[uint64]bool
 	slots    map[uint64]bool
 	wrappers map[uint64]bool // functions that are one jump to it (decodeAll)
+	// entries: where each function that starts with a jump has it.
+	entries map[uint64]inst
 	// named: the targets and wrappers, then the slots (mayName); the
 	// first nearNamed are the ones a rel8 can lead to.
 	named     []uint64
@@ -116,28 +118,19 @@ type function struct {
 	indirect bool
 }
 
-// ref is an instruction that names an address: a call, a jump, an address
-// load.
-type ref struct {
-	fn     *function
-	i      int // index in fn.insts
-	to     uint64
-	viaGOT bool
-}
-
 // decodeAll decodes every function and keeps those that name the function,
 // a slot or a wrapper (the rest would cost the agent memory for nothing:
 // an interpreter has about a million instructions). Wrappers are found
 // first, from each function's first instruction.
 func (t *tracker) decodeAll(starts []uint64) ([]*function, error) {
-	entries := map[uint64]inst{}
+	t.entries = map[uint64]inst{}
 	if err := t.eachFunction(starts, func(code []byte, start uint64) error {
 		at := 0
 		if IsEndbr64(code) {
 			at = 4
 		}
 		if in, err := x86asm.Decode(code[at:], 64); err == nil && in.Op == x86asm.JMP {
-			entries[start] = inst{pc: start + uint64(at), in: in}
+			t.entries[start] = inst{pc: start + uint64(at), in: in}
 		}
 		return nil
 	}); err != nil {
@@ -146,7 +139,7 @@ func (t *tracker) decodeAll(starts []uint64) ([]*function, error) {
 	t.wrappers = map[uint64]bool{}
 	for changed := true; changed; {
 		changed = false
-		for start, j := range entries {
+		for start, j := range t.entries {
 			r, m := relTarget(j.in, j.pc), ripTarget(j.in, j.pc)
 			if !t.wrappers[start] && (t.targets[r] || t.wrappers[r] || t.slots[m]) {
 				t.wrappers[start], changed = true, true
@@ -227,9 +220,8 @@ func (t *tracker) eachFunction(starts []uint64, do func(code []byte, start uint6
 }
 
 // decode decodes one function; nil when it names neither the function, a
-// slot nor a wrapper. An
-// undecodable instruction ends the decoding, unless the undecoded rest could
-// hold a call of the function (then nothing is known).
+// slot nor a wrapper. An undecodable instruction ends the decoding, unless
+// the undecoded rest may name one of them (mayName; then nothing is known).
 func (t *tracker) decode(code []byte, start uint64) (*function, error) {
 	fn := &function{start: start, targets: map[uint64]bool{}}
 	keep := false
@@ -241,7 +233,7 @@ func (t *tracker) decode(code []byte, start uint64) (*function, error) {
 		}
 		in, err := x86asm.Decode(code[pc:], 64)
 		if err != nil || in.Len == 0 {
-			if t.rawRefs(code[pc:], start+uint64(pc)) {
+			if t.mayName(code[pc:], start+uint64(pc)) {
 				return nil, fmt.Errorf("%w: undecodable code at %#x may call it", ErrNotCovered, start+uint64(pc))
 			}
 			fn.indirect = true
@@ -276,44 +268,6 @@ func (t *tracker) decode(code []byte, start uint64) (*function, error) {
 		return nil, nil
 	}
 	return fn, nil
-}
-
-// rawRefs: some byte of code starts a call or jump (rel32 or through a
-// RIP-relative slot) that would lead to the function.
-func (t *tracker) rawRefs(code []byte, at uint64) bool {
-	for i := 0; i+5 <= len(code); i++ {
-		// The operand's end is the instruction's: rel32 and disp32 are last.
-		rel := func(off int) uint64 {
-			return uint64(int64(at) + int64(i+off+4) + int64(int32(binary.LittleEndian.Uint32(code[i+off:]))))
-		}
-		switch {
-		case code[i] == 0xe8 || code[i] == 0xe9:
-			if t.targets[rel(1)] {
-				return true
-			}
-		case i+6 <= len(code) && code[i] == 0xff && (code[i+1] == 0x15 || code[i+1] == 0x25):
-			if t.slots[rel(2)] {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// entryJump is the jump a function starts with (after endbr64), if any.
-func (fn *function) entryJump() (inst, bool) {
-	for _, x := range fn.insts {
-		if x.in.Op == x86asm.NOP && x.in.Len == 4 && x.pc == fn.start {
-			continue // endbr64
-		}
-		return x, x.in.Op == x86asm.JMP
-	}
-	return inst{}, false
-}
-
-func entry(fn *function) uint64 {
-	j, _ := fn.entryJump()
-	return j.pc
 }
 
 // calls sorts the references: wrappers (functions that are one jump to the
@@ -353,7 +307,7 @@ func (t *tracker) calls(funcs []*function) (*Calls, error) {
 				}
 				called[rt] = true
 				out.Sites = append(out.Sites, site)
-			case x.in.Op == x86asm.JMP && wrappers[fn.start] && x.pc == entry(fn):
+			case x.in.Op == x86asm.JMP && wrappers[fn.start] && x.pc == t.entries[fn.start].pc:
 				// The wrapper's own jump.
 			case x.in.Op == x86asm.JMP && taken[rt]:
 			default:

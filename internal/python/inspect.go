@@ -252,16 +252,21 @@ func findRuntime(pid int, maps []mapping, exe string) (*Interpreter, map[string]
 	return nil, nil, fmt.Errorf("process %d (%s): %w", pid, exe, ErrNotPython)
 }
 
+// mappedPaths are the paths that open m's file from here, best first:
+// map_files names the very file mapped, even across mount namespaces or
+// after the file was replaced on disk; root+path is the fallback.
+func mappedPaths(pid int, m mapping) []string {
+	return []string{
+		fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.start, m.end),
+		fmt.Sprintf("/proc/%d/root%s", pid, m.path),
+	}
+}
+
 func tryELF(pid int, maps []mapping, m mapping) (*Interpreter, map[string]uint64, error) {
-	// map_files names the very file mapped, even across mount namespaces or
-	// after the file was replaced on disk; root+path is the fallback.
 	var f *elf.File
 	var path string
 	var err error
-	for _, p := range []string{
-		fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.start, m.end),
-		fmt.Sprintf("/proc/%d/root%s", pid, m.path),
-	} {
+	for _, p := range mappedPaths(pid, m) {
 		if f, err = elf.Open(p); err == nil {
 			path = p
 			break

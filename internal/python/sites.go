@@ -121,13 +121,16 @@ func copyModules(pid int) ([]copyModule, string, error) {
 			continue
 		}
 		seen[k] = true
-		open := fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.start, m.end)
-		id, err := statID(open)
-		if err != nil {
-			open = fmt.Sprintf("/proc/%d/root%s", pid, m.path)
-			if id, err = statID(open); err != nil {
-				return nil, "", fmt.Errorf("reading %s of process %d: %w", m.path, pid, err)
+		var open string
+		var id fileID
+		for _, p := range mappedPaths(pid, m) {
+			if id, err = statID(p); err == nil {
+				open = p
+				break
 			}
+		}
+		if open == "" {
+			return nil, "", fmt.Errorf("reading %s of process %d: %w", m.path, pid, err)
 		}
 		if reachesCopy(open, id) {
 			out = append(out, copyModule{path: m.path, open: open, id: id})

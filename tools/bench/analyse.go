@@ -197,18 +197,23 @@ func (rep *Report) analyseWorkload() {
 	}
 }
 
-func (rep *Report) analyseTax() {
-	runs := rep.Raw.Tax
-	if len(runs) == 0 {
-		return
-	}
-	by := map[string]map[int]map[string]float64{} // mode -> round -> kind -> ns
+// taxByMode indexes the tax loop's runs: mode -> round -> kind -> ns.
+func taxByMode(runs []taxRun) map[string]map[int]map[string]float64 {
+	by := map[string]map[int]map[string]float64{}
 	for _, r := range runs {
 		if by[r.Mode] == nil {
 			by[r.Mode] = map[int]map[string]float64{}
 		}
 		by[r.Mode][r.Round] = r.NsPer
 	}
+	return by
+}
+
+func (rep *Report) analyseTax() {
+	if len(rep.Raw.Tax) == 0 {
+		return
+	}
+	by := taxByMode(rep.Raw.Tax)
 	for _, kind := range loopKinds {
 		row := TaxRow{Syscall: kind, OnGymHook: kind != "getppid"}
 		var un, em, gt, floor, above []float64
@@ -234,13 +239,7 @@ func (rep *Report) analyseTax() {
 // analyseTraps: the uprobe modes' trapTarget calls less the untraced mode's,
 // paired per round; the untraced getppid beside them as the syscall's price.
 func (rep *Report) analyseTraps() {
-	by := map[string]map[int]map[string]float64{} // mode -> round -> kind -> ns
-	for _, r := range rep.Raw.Tax {
-		if by[r.Mode] == nil {
-			by[r.Mode] = map[int]map[string]float64{}
-		}
-		by[r.Mode][r.Round] = r.NsPer
-	}
+	by := taxByMode(rep.Raw.Tax)
 	if len(by["uprobe"]) == 0 && len(by["uretprobe"]) == 0 {
 		return
 	}
@@ -250,8 +249,8 @@ func (rep *Report) analyseTraps() {
 	}
 	rep.Traps = append(rep.Traps, TrapRow{Entry: "syscall (getppid, untraced)", Ns: MeanCI(sys)})
 	for _, m := range []struct{ mode, entry string }{
-		{"uprobe", "uprobe hit (emulated instruction, empty program)"},
-		{"uretprobe", "uprobe + return probe (empty program)"},
+		{"uprobe", trapUprobe},
+		{"uretprobe", trapUretprobe},
 	} {
 		var d []float64
 		for r, u := range by["untraced"] {
@@ -263,15 +262,21 @@ func (rep *Report) analyseTraps() {
 	}
 }
 
+// The uprobe rows of table 3b.
+const (
+	trapUprobe    = "uprobe hit (emulated instruction, empty program)"
+	trapUretprobe = "uprobe + return probe (empty program)"
+)
+
 // probeTrapNs is this host's measured price of an entry probe's and of a
 // return probe's round trip (empty program), when the tax phase ran.
 func (rep *Report) probeTrapNs() (entry, ret float64, ok bool) {
 	for _, t := range rep.Traps {
 		switch {
 		case !t.Ns.Valid():
-		case strings.HasPrefix(t.Entry, "uprobe hit"):
+		case t.Entry == trapUprobe:
 			entry = t.Ns.Mean
-		case strings.HasPrefix(t.Entry, "uprobe + return"):
+		case t.Entry == trapUretprobe:
 			ret = t.Ns.Mean
 		}
 	}
@@ -281,10 +286,8 @@ func (rep *Report) probeTrapNs() (entry, ret float64, ok bool) {
 // trapNs is the measured uprobe round trip (entry probe, empty program), or
 // the one measured on the earlier host when the tax phase did not run.
 func (rep *Report) trapNs() (ns float64, measured bool) {
-	for _, t := range rep.Traps {
-		if strings.HasPrefix(t.Entry, "uprobe hit") && t.Ns.Valid() {
-			return t.Ns.Mean, true
-		}
+	if entry, _, _ := rep.probeTrapNs(); entry > 0 {
+		return entry, true
 	}
 	return uprobeTrapNs, false
 }
