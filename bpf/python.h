@@ -226,6 +226,31 @@ static __always_inline __u64 gt_py_ctx_id(__u64 addr, struct gt_py_link **link)
 	return l ? addr | ((__u64)l->gen << GT_PY_GEN_SHIFT) : addr;
 }
 
+// gt_py_trusted: may the link of addr, the current context of thread state
+// ts, be used? Always, unless the process's link probe sees only Task births
+// (GT_PY_F_TASKS). Then, on a thread that runs an event loop, only while
+// addr is the running task's context: any other context there (a uvloop
+// handle's, a done callback's) was born unseen and may sit at the address of
+// a dead context whose link is still there; its calls go unattributed
+// rather than to that dead context's request. CPython sets the running task
+// for each step of a native Task and enters its context around it, eager
+// starts included. A thread with no loop (asyncio.to_thread's workers) only
+// enters contexts copy_context made, which the probe still sees.
+static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts, __u64 addr)
+{
+	if (!(p->flags & GT_PY_F_TASKS))
+		return 1;
+	__u64 task = gt_py_read_u64(ts + p->tstate_running_task);
+	if (task) {
+		if ((gt_py_read_u64(task + p->task_context) & GT_PY_ADDR_MASK) == (addr & GT_PY_ADDR_MASK))
+			return 1;
+	} else if (!gt_py_read_u64(ts + p->tstate_running_loop)) {
+		return 1;
+	}
+	gt_py_stat(GT_PY_NOT_TASK);
+	return 0;
+}
+
 // gt_py_context fills the asyncio context identity of the calling thread:
 // *ctx the current contextvars.Context (the running Task's, or the loop
 // callback's) and *root the request it works for (the handler context of an
@@ -314,6 +339,10 @@ static __always_inline int gt_py_context_w(__u32 tgid, __u32 tid, __u64 wbuf, in
 	if (!l && !gt_py_is_context(p, c)) {
 		status = GT_PY_BAD_CONTEXT;
 		goto out;
+	}
+	if (l && !gt_py_trusted(p, ts, c)) {
+		l = 0;
+		id = c & GT_PY_ADDR_MASK;
 	}
 	*ctx = id;
 	if (l) {

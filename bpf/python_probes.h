@@ -109,6 +109,10 @@ static __always_inline int gt_py_link_new(__u64 child, int site)
 		parent = gt_py_read_u64(ts + p->tstate_context) & GT_PY_ADDR_MASK;
 	struct gt_py_link *pl;
 	__u64 parent_id = gt_py_ctx_id(parent, &pl);
+	if (pl && ts && !gt_py_trusted(p, ts, parent)) {
+		pl = 0; // inherits nothing; the read rule may still root it
+		parent_id = parent;
+	}
 
 	struct gt_py_link *cl = bpf_map_lookup_elem(&gt_py_links, &child);
 	// A new generation for the (likely recycled) address. A fresh address

@@ -124,6 +124,10 @@ int gt_py_uv_write(void *ctx)
 	struct gt_py_link *l;
 	struct gt_py_wbuf w = {.ns = bpf_ktime_get_ns()};
 	w.ctx = gt_py_ctx_id(c, &l);
+	if (l && !gt_py_trusted(p, ts, c)) {
+		l = 0;
+		w.ctx = c;
+	}
 	w.root = l ? l->root : 0;
 	struct gt_py_wbuf_key k = {.tgid = tgid, .addr = addr};
 	bpf_map_update_elem(&gt_py_wbufs, &k, &w, BPF_ANY);

@@ -48,12 +48,26 @@ struct gt_py_params {
 	// first callback entered after a read (see gt_py_thread.pend_ver).
 	__u16 tstate_context_ver;
 	__u16 flags; // enum gt_py_flag
+	// With GT_PY_F_TASKS: _PyThreadStateImpl.asyncio_running_task and
+	// .asyncio_running_loop, TaskObj.task_context (CPython 3.14+, from
+	// _asyncio's AsyncioDebug section): on a thread that runs a loop, a link
+	// is trusted only for the running task's context.
+	__u16 tstate_running_task;
+	__u16 tstate_running_loop;
+	__u16 task_context;
+	__u16 _pad;
 };
 
 enum gt_py_flag {
 	// uvloop with deferred writes: its UVStream write probes are attached,
 	// and a write's context is the one they recorded for its buffer.
 	GT_PY_F_UVWRITE = 1,
+	// The link probe sees only the births of asyncio Tasks' contexts (the
+	// copy in Task.__init__; uvloop's handles, timers and done callbacks go
+	// unprobed, internal/python.AttachTaskProbes). Those run on the loop's
+	// thread and may sit at the address of a dead, linked context, so there
+	// a context's link counts only while it is the running task's context.
+	GT_PY_F_TASKS = 2,
 };
 
 // Per-thread cache: global tid -> the thread's PyThreadState.
@@ -158,5 +172,6 @@ enum gt_py_status {
 	GT_PY_UV_TAKEN = 12,    // (counter only) message starts whose context came from that record
 	GT_PY_UV_SKIPPED = 13,  // (counter only) uvloop writes of a buffer type the probe does not read
 	GT_PY_LINKED_SITE = 14, // (counter only) of GT_PY_LINKED, those written by a call-site probe
-	GT_PY_STAT_MAX = 15,
+	GT_PY_NOT_TASK = 15,    // (counter only) with GT_PY_F_TASKS, links not trusted: the context was not the running task's
+	GT_PY_STAT_MAX = 16,
 };

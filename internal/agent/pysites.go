@@ -19,11 +19,13 @@ const sitesRecheck = 2 * time.Second
 
 // sites moves pid's link probes from the return probe on
 // PyContext_CopyCurrent to its call sites, one kernel entry a context copy
-// instead of two (docs/python-causality.md, "Call-site probes"). It runs once
-// the modules that copy contexts are loaded: when the process's loop is
-// known (uvloop, imported last, when uvicorn sets its loop up; or the watch
-// for it given up). Where the sites cannot all be covered the return probe
-// stays, as it does on any machine but x86-64.
+// instead of two (docs/python-causality.md, "Call-site probes"); under
+// uvloop on CPython 3.14, to Task.__init__'s copy only, which halves the
+// copies probed ("Task-only links"). It runs once the modules that copy
+// contexts are loaded: when the process's loop is known (uvloop, imported
+// last, when uvicorn sets its loop up; or the watch for it given up). Where
+// the sites cannot all be covered the return probe stays, as it does on any
+// machine but x86-64.
 func (p *pyTargets) sites(pid int, in *python.Interpreter) {
 	if !python.SiteProbesWanted() {
 		return
@@ -35,7 +37,13 @@ func (p *pyTargets) sites(pid int, in *python.Interpreter) {
 	if !ok || already {
 		return
 	}
-	c, key, err := in.AttachSiteProbes(p.t.kern.PyCopySiteProgram(), p.t.kern.PyCopyProgram())
+	site, ret := p.t.kern.PyCopySiteProgram(), p.t.kern.PyCopyProgram()
+	c, layout, key, err := in.AttachTaskProbes(site, ret)
+	tasks := err == nil
+	if !tasks {
+		p.t.log.Debug("asyncio links on every context copy", "pid", pid, "why", err)
+		c, key, err = in.AttachSiteProbes(site, ret)
+	}
 	if err != nil {
 		p.t.log.Info("asyncio link probes stay on PyContext_CopyCurrent's return (two kernel entries a context copy, not one)",
 			"pid", pid, "why", err)
@@ -48,13 +56,25 @@ func (p *pyTargets) sites(pid int, in *python.Interpreter) {
 		_ = c.Close() // replaced or removed meanwhile
 		return
 	}
+	if tasks {
+		// The kernel must distrust unseen births before the probe that
+		// sees them all comes off.
+		p.tasks[pid] = layout
+		if err := p.t.kern.SetPython(pid, p.paramsLocked(pid, in)); err != nil {
+			delete(p.tasks, pid)
+			p.mu.Unlock()
+			_ = c.Close()
+			p.t.log.Warn("asyncio link probes stay on PyContext_CopyCurrent's return", "pid", pid, "err", err)
+			return
+		}
+	}
 	p.probes[pid] = sp
 	p.mu.Unlock()
 	// Both sets were on for the time between: a copy then is linked twice,
 	// the second time with a new generation before any syscall could see
 	// the first.
 	_ = old.Close()
-	p.t.log.Debug("asyncio link probes on the call sites", "pid", pid)
+	p.t.log.Debug("asyncio link probes on the call sites", "pid", pid, "tasks_only", tasks)
 	go p.watchSites(pid, in, sp, key)
 }
 

@@ -28,6 +28,11 @@ type pyTargets struct {
 	// for a late `import uvloop`.
 	uvProbes map[int]io.Closer
 	uvWatch  map[int]bool
+	// tasks: processes whose link probe sees only Task births
+	// (python.AttachTaskProbes), with the layout the kernel then checks
+	// contexts against. Kept for the process's life: a link probe put
+	// back later sees more births, and trusting less stays right.
+	tasks map[int]python.TaskLayout
 	// watching: each process's one use watcher, which also says whether
 	// the process only serves and has its probes and layout off
 	// (pureLocked).
@@ -55,7 +60,21 @@ func wantProbes(m groups.Mask) bool {
 func newPyTargets(t *agent, m groups.Mask) *pyTargets {
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
 		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, watching: map[int]*pureWatch{},
-		want: wantProbes(m)}
+		tasks: map[int]python.TaskLayout{}, want: wantProbes(m)}
+}
+
+// paramsLocked is pid's gt_py_procs value: its interpreter's layout, and
+// what its probes need the kernel to know (uvloop's write records, task-only
+// links). Under p.mu.
+func (p *pyTargets) paramsLocked(pid int, in *python.Interpreter) python.Params {
+	params := in.Params
+	if _, ok := p.uvProbes[pid]; ok {
+		params.Flags |= python.FlagUVWrite
+	}
+	if l, ok := p.tasks[pid]; ok {
+		l.Apply(&params)
+	}
+	return params
 }
 
 // add inspects a new target in the background: a process that has only just
@@ -95,7 +114,7 @@ func (p *pyTargets) add(pid int) {
 			p.mu.Unlock()
 			return // gone meanwhile
 		}
-		if err := p.t.kern.SetPython(pid, in.Params); err != nil {
+		if err := p.t.kern.SetPython(pid, p.paramsLocked(pid, in)); err != nil {
 			p.mu.Unlock()
 			p.t.log.Warn("asyncio causality off for this process", "pid", pid, "err", err)
 			return
@@ -238,14 +257,13 @@ func (p *pyTargets) tryUVloop(pid int, in *python.Interpreter) bool {
 		_ = c.Close()
 		return true
 	}
-	params := in.Params
-	params.Flags |= python.FlagUVWrite
-	if err := p.t.kern.SetPython(pid, params); err != nil {
+	p.uvProbes[pid] = c
+	if err := p.t.kern.SetPython(pid, p.paramsLocked(pid, in)); err != nil {
+		delete(p.uvProbes, pid)
 		_ = c.Close()
 		p.t.log.Warn("uvloop write probes off for this process", "pid", pid, "err", err)
 		return true
 	}
-	p.uvProbes[pid] = c
 	p.t.log.Debug("uvloop write probes attached", "pid", pid, "uvloop", m.Version, "sites", len(m.Sites))
 	return true
 }
@@ -333,7 +351,7 @@ func (p *pyTargets) watchUse(pid int, in *python.Interpreter, w *pureWatch) {
 			continue
 		case pureReattach:
 			delete(p.watching, pid)
-			err := p.t.kern.SetPython(pid, in.Params)
+			err := p.t.kern.SetPython(pid, p.paramsLocked(pid, in))
 			p.mu.Unlock()
 			if err != nil {
 				p.t.log.Warn("asyncio causality off for this process", "pid", pid, "err", err)
@@ -353,7 +371,7 @@ func (p *pyTargets) detachUVLocked(pid int) {
 		_ = c.Close()
 		delete(p.uvProbes, pid)
 		if in, ok := p.interp[pid]; ok && !p.pureLocked(pid) {
-			_ = p.t.kern.SetPython(pid, in.Params)
+			_ = p.t.kern.SetPython(pid, p.paramsLocked(pid, in))
 		}
 	}
 }
@@ -372,6 +390,7 @@ func (p *pyTargets) take(pid int) []io.Closer {
 	var out []io.Closer
 	delete(p.uvWatch, pid)
 	delete(p.watching, pid)
+	delete(p.tasks, pid)
 	if c, ok := p.uvProbes[pid]; ok {
 		out = append(out, c)
 		delete(p.uvProbes, pid)
@@ -401,7 +420,7 @@ func (p *pyTargets) setMask(m groups.Mask) {
 		}
 		if p.pureLocked(pid) {
 			// Back to the layout every process has without the probes.
-			_ = p.t.kern.SetPython(pid, in.Params)
+			_ = p.t.kern.SetPython(pid, p.paramsLocked(pid, in))
 		}
 		delete(p.watching, pid)
 		if c, ok := p.probes[pid]; ok {

@@ -361,6 +361,10 @@ type bpfGtPyParams struct {
 	ObType            uint16
 	TstateContextVer  uint16
 	Flags             uint16
+	TstateRunningTask uint16
+	TstateRunningLoop uint16
+	TaskContext       uint16
+	Pad               uint16
 }
 
 type bpfGtPyReg uint32
@@ -422,7 +426,8 @@ const (
 	bpfGtPyStatusGT_PY_UV_TAKEN    bpfGtPyStatus = 12
 	bpfGtPyStatusGT_PY_UV_SKIPPED  bpfGtPyStatus = 13
 	bpfGtPyStatusGT_PY_LINKED_SITE bpfGtPyStatus = 14
-	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 15
+	bpfGtPyStatusGT_PY_NOT_TASK    bpfGtPyStatus = 15
+	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 16
 )
 
 type bpfGtPyThread struct {

@@ -18,6 +18,11 @@ import (
 type CallSite struct {
 	Call, Probe uint64 // virtual addresses in the file
 	Reg         x86asm.Reg
+	// Stores are the displacements of the 64-bit stores of the result to
+	// memory through a base register (mov %reg, disp(%base)) between the
+	// call and Probe: where the caller keeps it, e.g. the field of the
+	// object it initialises (internal/python tells a Task's context by it).
+	Stores []int64
 }
 
 // Calls is every way code in one x86-64 ELF file reaches a function: the
@@ -337,6 +342,7 @@ func afterCall(fn *function, i int) (CallSite, error) {
 		return fail("its function jumps through a register or could not be decoded whole")
 	}
 	live := map[x86asm.Reg]bool{x86asm.RAX: true}
+	var stores []int64
 	for j := i + 1; j < len(fn.insts) && j <= i+maxAfterCall; j++ {
 		x := fn.insts[j]
 		if fn.targets[x.pc] {
@@ -345,7 +351,7 @@ func afterCall(fn *function, i int) (CallSite, error) {
 		if IsEmulated(x.raw) {
 			for _, r := range resultRegs {
 				if live[r] {
-					return CallSite{Call: call, Probe: x.pc, Reg: r}, nil
+					return CallSite{Call: call, Probe: x.pc, Reg: r, Stores: stores}, nil
 				}
 			}
 			return fail("the result is in no register")
@@ -359,10 +365,15 @@ func afterCall(fn *function, i int) (CallSite, error) {
 			return fail(fmt.Sprintf("%v at %#x", x.in, x.pc))
 		}
 		dst, ok := x.in.Args[0].(x86asm.Reg)
-		if !ok {
-			continue // a store: no register changes
-		}
 		src, _ := x.in.Args[1].(x86asm.Reg)
+		if !ok {
+			// A store: no register changes.
+			if m, isMem := x.in.Args[0].(x86asm.Mem); isMem && x.in.Op == x86asm.MOV && live[src] &&
+				m.Base != 0 && m.Index == 0 && m.Segment == 0 {
+				stores = append(stores, m.Disp)
+			}
+			continue
+		}
 		copyOf := x.in.Op == x86asm.MOV && family(dst) == dst && live[src]
 		delete(live, family(dst))
 		if copyOf {

@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -97,26 +98,31 @@ func TestAfterCall(t *testing.T) {
 		testRbx     = []byte{0x48, 0x85, 0xdb}
 		testRax     = []byte{0x48, 0x85, 0xc0}
 		je          = []byte{0x74, 0x10}
-		storeRax    = []byte{0x48, 0x89, 0x44, 0x24, 0x08} // mov %rax,0x8(%rsp)
+		storeRax    = []byte{0x48, 0x89, 0x44, 0x24, 0x08}             // mov %rax,0x8(%rsp)
+		storeRbxR15 = []byte{0x49, 0x89, 0x9f, 0x90, 0x00, 0x00, 0x00} // mov %rbx,0x90(%r15)
+		storeEaxR15 = []byte{0x41, 0x89, 0x87, 0x90, 0x00, 0x00, 0x00} // mov %eax,0x90(%r15)
 		callNext    = []byte{0xe8, 0x00, 0x00, 0x00, 0x00}
 		popRbx      = []byte{0x5b}
 		ret         = []byte{0xc3}
 		jmpTableEnd = []byte{0x3e, 0xff, 0xe0} // notrack jmp *%rax, no table before it
 	)
 	for _, c := range []struct {
-		name  string
-		code  []byte
-		probe uint64 // 0: not covered
-		reg   x86asm.Reg
+		name   string
+		code   []byte
+		probe  uint64 // 0: not covered
+		reg    x86asm.Reg
+		stores []int64
 	}{
-		{"test and je", cat(call, testRax, je, ret), 0x1008, x86asm.RAX},
-		{"moved, then the old register reused", cat(call, movRbxRax, xorEax, testRbx, je, ret), 0x100d, x86asm.RBX},
-		{"stored, then another call", cat(call, storeRax, callNext, ret), 0x100a, x86asm.RAX},
-		{"popped over", cat(call, popRbx, testRax, je, ret), 0, 0},
-		{"overwritten", cat(call, xorEax, je, ret), 0, 0},
-		{"a jump through a register", cat(call, testRax, je, ret, jmpTableEnd), 0, 0},
+		{"test and je", cat(call, testRax, je, ret), 0x1008, x86asm.RAX, nil},
+		{"moved, then the old register reused", cat(call, movRbxRax, xorEax, testRbx, je, ret), 0x100d, x86asm.RBX, nil},
+		{"stored, then another call", cat(call, storeRax, callNext, ret), 0x100a, x86asm.RAX, []int64{8}},
+		// Where the caller keeps it: a copy's 64 bits, not a 32-bit part.
+		{"moved and stored in a field", cat(call, movRbxRax, storeRbxR15, storeEaxR15, testRbx, je, ret), 0x1019, x86asm.RAX, []int64{0x90}},
+		{"popped over", cat(call, popRbx, testRax, je, ret), 0, 0, nil},
+		{"overwritten", cat(call, xorEax, je, ret), 0, 0, nil},
+		{"a jump through a register", cat(call, testRax, je, ret, jmpTableEnd), 0, 0, nil},
 		// jmp back to the test (at 0x1005) from after the je: another path.
-		{"a branch into the window", cat(call, testRax, je, []byte{0xeb, 0xf9}), 0, 0},
+		{"a branch into the window", cat(call, testRax, je, []byte{0xeb, 0xf9}), 0, 0, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, f := fn(t, c.code)
@@ -127,8 +133,8 @@ func TestAfterCall(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || site.Probe != c.probe || site.Reg != c.reg {
-				t.Fatalf("site %+v, err %v: want probe %#x in %v", site, err, c.probe, c.reg)
+			if err != nil || site.Probe != c.probe || site.Reg != c.reg || !slices.Equal(site.Stores, c.stores) {
+				t.Fatalf("site %+v, err %v: want probe %#x in %v, stores %v", site, err, c.probe, c.reg, c.stores)
 			}
 		})
 	}

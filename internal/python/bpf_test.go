@@ -55,9 +55,19 @@ type sendEvent struct {
 
 // runSender runs ctx_sender.py on an interpreter with the kernel side
 // attached and returns every send it made, as the kernel saw it.
-func runSender(t *testing.T, which string, objs *pytestbpf.Objects, probes bool) ([]sendEvent, *Interpreter) {
+// How runSender links contexts: not at all, with the return probe on every
+// copy, or with the task-only probes (AttachTaskProbes, FlagTasks).
+type senderProbes int
+
+const (
+	noLinks senderProbes = iota
+	retLinks
+	taskLinks
+)
+
+func runSender(t *testing.T, which string, objs *pytestbpf.Objects, probes senderProbes, args ...string) ([]sendEvent, *Interpreter) {
 	t.Helper()
-	cmd := pyCmd(t, which, testdataScript(t, "ctx_sender.py"), "8", "5")
+	cmd := pyCmd(t, which, testdataScript(t, "ctx_sender.py"), append([]string{"8", "5"}, args...)...)
 	var hello struct {
 		PID     int    `json:"pid"`
 		Version string `json:"version"`
@@ -68,17 +78,26 @@ func runSender(t *testing.T, which string, objs *pytestbpf.Objects, probes bool)
 		t.Fatal(err)
 	}
 	key := uint32(in.PID)
-	if err := objs.GtPyProcs.Put(key, in.Params); err != nil {
-		t.Fatalf("writing gt_py_procs: %v", err)
-	}
-	t.Cleanup(func() { objs.GtPyProcs.Delete(key) })
-	if probes {
+	params := in.Params
+	switch probes {
+	case retLinks:
 		c, err := in.AttachProbes(objs.GtPyCopyRet)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
+	case taskLinks:
+		c, l, _, err := in.AttachTaskProbes(objs.GtPyCopySite, objs.GtPyCopyRet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		l.Apply(&params)
 	}
+	if err := objs.GtPyProcs.Put(key, params); err != nil {
+		t.Fatalf("writing gt_py_procs: %v", err)
+	}
+	t.Cleanup(func() { objs.GtPyProcs.Delete(key) })
 	rd, err := ringbuf.NewReader(objs.PytestEvents)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +147,7 @@ func TestKernelContextPerTask(t *testing.T) {
 			attachTP(t, "sys_enter_sendto", objs.PytestSendto)
 			attachTP(t, "sys_enter_recvfrom", objs.PytestRecvEnter)
 			attachTP(t, "sys_exit_recvfrom", objs.PytestRecvExit)
-			events, in := runSender(t, which, objs, true)
+			events, in := runSender(t, which, objs, retLinks)
 			kinds := map[string]int{}
 			rootOf := map[string]CtxID{} // request k -> root
 			kOf := map[CtxID]string{}    // root -> request k
@@ -170,7 +189,7 @@ func TestKernelContextPerTask(t *testing.T) {
 				rootOf[k], kOf[e.root] = e.root, k
 			}
 			t.Logf("CPython %s: %d sends checked: %v", in.Version, len(events), kinds)
-			wantKinds := []string{"explicit", "request", "task", "gather", "nested", "soon"}
+			wantKinds := []string{"explicit", "request", "task", "gather", "nested", "soon", "thread"}
 			if in.Version.Minor >= 12 {
 				wantKinds = append(wantKinds, "eager")
 			}

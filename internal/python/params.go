@@ -38,12 +38,25 @@ type Params struct {
 	// PyThreadState.context_ver, which every context enter and exit bumps
 	// (the read rule of the copy probe); 0 turns that rule off.
 	TstateContextVer uint16
-	Flags            uint16 // FlagUVWrite
+	Flags            uint16 // FlagUVWrite, FlagTasks
+	// With FlagTasks: _PyThreadStateImpl.asyncio_running_task and
+	// .asyncio_running_loop, TaskObj.task_context (TaskLayout).
+	TstateRunningTask uint16
+	TstateRunningLoop uint16
+	TaskContext       uint16
+	Pad               uint16
 }
 
-// FlagUVWrite (GT_PY_F_UVWRITE): uvloop's write probes are attached to the
-// process, so a write's context is the one they recorded for its buffer.
-const FlagUVWrite = 1
+const (
+	// FlagUVWrite (GT_PY_F_UVWRITE): uvloop's write probes are attached to
+	// the process, so a write's context is the one they recorded for its
+	// buffer.
+	FlagUVWrite = 1
+	// FlagTasks (GT_PY_F_TASKS): the link probe sees only Task births
+	// (AttachTaskProbes), so the kernel trusts a context's link only while
+	// it is the running task's context.
+	FlagTasks = 2
+)
 
 // Link is the gt_py_links map value (struct gt_py_link), keyed by context
 // address: the birth of the context now at that address.
@@ -104,7 +117,8 @@ const (
 	StatUVTaken    Status = 12
 	StatUVSkipped  Status = 13
 	StatLinkedSite Status = 14
-	statMax        Status = 15 // checked against the C enum by TestStatusContract
+	StatNotTask    Status = 15
+	statMax        Status = 16 // checked against the C enum by TestStatusContract
 )
 
 func (s Status) String() string {
@@ -139,6 +153,8 @@ func (s Status) String() string {
 		return "uv_skipped"
 	case StatLinkedSite:
 		return "linked_site"
+	case StatNotTask:
+		return "not_task"
 	}
 	return fmt.Sprintf("status(%d)", int32(s))
 }

@@ -164,10 +164,6 @@ func (in *Interpreter) AttachSiteProbes(site, ret *ebpf.Program) (io.Closer, str
 	if err != nil {
 		return nil, "", err
 	}
-	type planned struct {
-		mod   copyModule
-		calls *probesite.Calls
-	}
 	var plan []planned
 	for _, m := range mods {
 		c, err := findCalls(m.open, m.id)
@@ -176,10 +172,27 @@ func (in *Interpreter) AttachSiteProbes(site, ret *ebpf.Program) (io.Closer, str
 		}
 		plan = append(plan, planned{m, c})
 	}
-	p := &Probes{}
-	fail := func(err error) (io.Closer, string, error) {
-		_ = p.Close()
+	p, err := in.attachPlan(plan, site, ret)
+	if err != nil {
 		return nil, "", err
+	}
+	return p, key, nil
+}
+
+// planned: the calls of one module to probe.
+type planned struct {
+	mod   copyModule
+	calls *probesite.Calls
+}
+
+// attachPlan attaches site at every planned call site, ret at every planned
+// wrapper and at contextvars.Context(), filtered to the process; all or
+// nothing.
+func (in *Interpreter) attachPlan(plan []planned, site, ret *ebpf.Program) (*Probes, error) {
+	p := &Probes{}
+	fail := func(err error) (*Probes, error) {
+		_ = p.Close()
+		return nil, err
 	}
 	for _, pl := range plan {
 		if len(pl.calls.Sites) == 0 && len(pl.calls.Returns) == 0 {
@@ -202,7 +215,7 @@ func (in *Interpreter) AttachSiteProbes(site, ret *ebpf.Program) (io.Closer, str
 	if l, err := in.attachContextNew(ex, ret); err == nil {
 		p.links = append(p.links, l)
 	}
-	return p, key, nil
+	return p, nil
 }
 
 func (in *Interpreter) attachCalls(p *Probes, f *elf.File, m copyModule, c *probesite.Calls, site, ret *ebpf.Program) error {

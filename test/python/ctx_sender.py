@@ -12,9 +12,12 @@ send carries its own ground truth in its first bytes:
                      context as a reader, so task k must be its own root.
   "C <k> <kind>"     sent by a descendant of request task k: kind "task"
                      (create_task), "gather", "nested" (a child's child),
-                     "eager" (3.12+ eager_start), "soon" (call_soon callback).
+                     "eager" (3.12+ eager_start), "soon" (call_soon callback),
+                     "thread" (asyncio.to_thread: a worker thread).
                      Each must carry request k's root.
 Then prints {"sent": n} and waits for stdin to close.
+
+    ctx_sender.py [K [ROUNDS [uvloop]]]   uvloop: run on uvloop (imported first)
 """
 import asyncio
 import contextvars
@@ -22,25 +25,31 @@ import json
 import os
 import socket
 import sys
+import threading
 
 K = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+UVLOOP = len(sys.argv) > 3 and sys.argv[3] == "uvloop"
+if UVLOOP:
+    import uvloop
 out_a, out_b = socket.socketpair()
 in_a, in_b = socket.socketpair()
 out_a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
 sent = 0
+lock = threading.Lock()  # the loop and to_thread's worker both send
 
 
 def send(msg):
     global sent
-    out_a.send(msg.encode())
-    sent += 1
-    # Drain so the buffer never fills; the test reads the bytes in the kernel.
-    try:
-        while out_b.recv(1 << 16, socket.MSG_DONTWAIT):
+    with lock:
+        out_a.send(msg.encode())
+        sent += 1
+        # Drain so the buffer never fills; the test reads the bytes in the kernel.
+        try:
+            while out_b.recv(1 << 16, socket.MSG_DONTWAIT):
+                pass
+        except BlockingIOError:
             pass
-    except BlockingIOError:
-        pass
 
 
 async def explicit(ctx_hex):
@@ -76,6 +85,7 @@ async def request(k):
     fut = loop.create_future()
     loop.call_soon(lambda: (send(f"C {k} soon"), fut.set_result(None)))
     await fut
+    await asyncio.to_thread(send, f"C {k} thread")
 
 
 async def main():
@@ -103,6 +113,9 @@ async def main():
 
 print(json.dumps({"pid": os.getpid(), "version": sys.version.split()[0]}), flush=True)
 sys.stdin.readline()
-asyncio.run(main())
+if UVLOOP:
+    uvloop.run(main())
+else:
+    asyncio.run(main())
 print(json.dumps({"sent": sent}), flush=True)
 sys.stdin.readline()

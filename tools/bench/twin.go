@@ -71,6 +71,9 @@ var twinRows = []twinConfig{
 	// `default` with the link probe left on PyContext_CopyCurrent's return
 	// (two kernel entries a copy): what the call-site probes save.
 	{Name: "default, return probes", Spec: "default", Env: []string{"GYMTRACE_PY_SITES=0"}},
+	// `default` with a call-site probe on every context copy, not only
+	// Task.__init__'s (uvloop on 3.14): what task-only links save.
+	{Name: "default, every copy probed", Spec: "default", Env: []string{"GYMTRACE_PY_TASKS=0"}},
 	{Name: "Gym telemetry default, no-op", GymTel: true},
 }
 

@@ -306,6 +306,10 @@ type injtestGtPyParams struct {
 	ObType            uint16
 	TstateContextVer  uint16
 	Flags             uint16
+	TstateRunningTask uint16
+	TstateRunningLoop uint16
+	TaskContext       uint16
+	Pad               uint16
 }
 
 type injtestGtPyScratch struct {

@@ -174,6 +174,10 @@ type pytestGtPyParams struct {
 	ObType            uint16
 	TstateContextVer  uint16
 	Flags             uint16
+	TstateRunningTask uint16
+	TstateRunningLoop uint16
+	TaskContext       uint16
+	Pad               uint16
 }
 
 type pytestGtPyReg uint32
@@ -235,7 +239,8 @@ const (
 	pytestGtPyStatusGT_PY_UV_TAKEN    pytestGtPyStatus = 12
 	pytestGtPyStatusGT_PY_UV_SKIPPED  pytestGtPyStatus = 13
 	pytestGtPyStatusGT_PY_LINKED_SITE pytestGtPyStatus = 14
-	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 15
+	pytestGtPyStatusGT_PY_NOT_TASK    pytestGtPyStatus = 15
+	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 16
 )
 
 type pytestGtPyThread struct {
