@@ -1,13 +1,13 @@
 package probesite
 
 import (
-	"debug/elf"
 	"errors"
-	"os"
 	"slices"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 const (
@@ -15,19 +15,6 @@ const (
 	trixieRoot = "/var/tmp/gymtrace-trixie"
 	copySym    = "PyContext_CopyCurrent"
 )
-
-func openOrSkip(t *testing.T, path string) *elf.File {
-	t.Helper()
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("%s is not here (scripts/setup --tests builds the Python roots): %v", path, err)
-	}
-	f, err := elf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
-}
 
 // The builds Gym's runtime and the tests use, read as they are on disk:
 // every call of PyContext_CopyCurrent found, each probe on an emulated
@@ -54,7 +41,7 @@ func TestFindCallsDebianBuilds(t *testing.T) {
 		{"/usr/bin/python3.11", 0, 0},
 	} {
 		t.Run(c.path, func(t *testing.T) {
-			f := openOrSkip(t, c.path)
+			f := testproc.OpenELF(t, c.path)
 			got, err := FindCalls(f, copySym)
 			if err != nil {
 				t.Fatal(err)

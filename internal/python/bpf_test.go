@@ -148,46 +148,7 @@ func TestKernelContextPerTask(t *testing.T) {
 			attachTP(t, "sys_enter_recvfrom", objs.PytestRecvEnter)
 			attachTP(t, "sys_exit_recvfrom", objs.PytestRecvExit)
 			events, in := runSender(t, which, objs, retLinks)
-			kinds := map[string]int{}
-			rootOf := map[string]CtxID{} // request k -> root
-			kOf := map[CtxID]string{}    // root -> request k
-			for _, e := range events {
-				f := strings.Fields(e.data)
-				if e.status != StatusOK {
-					t.Errorf("%q: status %s", e.data, e.status)
-					continue
-				}
-				switch f[0] {
-				case "X":
-					kinds["explicit"]++
-					if want := hexAddr(t, f[1]); e.ctx.Addr() != want {
-						t.Errorf("%q: kernel read context %s", e.data, e.ctx)
-					}
-					continue
-				case "P":
-					kinds["request"]++
-					if e.root != e.ctx {
-						t.Errorf("%q: request task %s has root %s, want itself", e.data, e.ctx, e.root)
-					}
-				case "C":
-					kinds[f[2]]++
-					if e.root == e.ctx {
-						t.Errorf("%q: a child is its own root", e.data)
-					}
-				}
-				k := f[1]
-				if e.root == 0 {
-					t.Errorf("%q: no root", e.data)
-					continue
-				}
-				if r, ok := rootOf[k]; ok && r != e.root {
-					t.Errorf("%q: root %s, request %s's other sends have %s", e.data, e.root, k, r)
-				}
-				if other, ok := kOf[e.root]; ok && other != k {
-					t.Errorf("%q: root %s also names request %s", e.data, e.root, other)
-				}
-				rootOf[k], kOf[e.root] = e.root, k
-			}
+			kinds, requests := checkSends(t, events, false)
 			t.Logf("CPython %s: %d sends checked: %v", in.Version, len(events), kinds)
 			wantKinds := []string{"explicit", "request", "task", "gather", "nested", "soon", "thread"}
 			if in.Version.Minor >= 12 {
@@ -198,12 +159,69 @@ func TestKernelContextPerTask(t *testing.T) {
 					t.Errorf("no %q sends seen", k)
 				}
 			}
-			if len(rootOf) != 8 {
-				t.Errorf("%d requests have roots, want 8", len(rootOf))
+			if requests != 8 {
+				t.Errorf("%d requests have roots, want 8", requests)
 			}
 			logStats(t, objs.GtPyStats)
 		})
 	}
+}
+
+// checkSends checks ctx_sender.py's sends: an explicit context's sends
+// carry exactly it; a request task is its own root and every descendant
+// carries that root and no other request's. tasksOnly: call_soon
+// callbacks run in contexts born unseen (task-only links), so theirs must
+// carry no root and no generation. It returns the sends seen by kind and
+// how many requests have roots.
+func checkSends(t *testing.T, events []sendEvent, tasksOnly bool) (map[string]int, int) {
+	t.Helper()
+	kinds := map[string]int{}
+	rootOf := map[string]CtxID{} // request k -> root
+	kOf := map[CtxID]string{}    // root -> request k
+	for _, e := range events {
+		f := strings.Fields(e.data)
+		if e.status != StatusOK {
+			t.Errorf("%q: status %s", e.data, e.status)
+			continue
+		}
+		switch f[0] {
+		case "X":
+			kinds["explicit"]++
+			if want := hexAddr(t, f[1]); e.ctx.Addr() != want {
+				t.Errorf("%q: kernel read context %s", e.data, e.ctx)
+			}
+			continue
+		case "P":
+			kinds["request"]++
+			if e.root != e.ctx {
+				t.Errorf("%q: request task %s has root %s, want itself", e.data, e.ctx, e.root)
+			}
+		case "C":
+			kinds[f[2]]++
+			if tasksOnly && f[2] == "soon" {
+				if e.root != 0 || e.ctx.Gen() != 0 {
+					t.Errorf("%q: a handle's context (not a task's) has root %s, context %s; want neither trusted", e.data, e.root, e.ctx)
+				}
+				continue
+			}
+			if e.root == e.ctx {
+				t.Errorf("%q: a child is its own root", e.data)
+			}
+		}
+		k := f[1]
+		if e.root == 0 {
+			t.Errorf("%q: no root", e.data)
+			continue
+		}
+		if r, ok := rootOf[k]; ok && r != e.root {
+			t.Errorf("%q: root %s, request %s's other sends have %s", e.data, e.root, k, r)
+		}
+		if other, ok := kOf[e.root]; ok && other != k {
+			t.Errorf("%q: root %s also names request %s", e.data, e.root, other)
+		}
+		rootOf[k], kOf[e.root] = e.root, k
+	}
+	return kinds, len(rootOf)
 }
 
 func logStats(t *testing.T, m *ebpf.Map) {

@@ -1,27 +1,12 @@
 package python
 
 import (
-	"debug/elf"
 	"errors"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/gymtrace/gymtrace/internal/probesite"
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
-
-func openELFOrSkip(t *testing.T, path string) *elf.File {
-	t.Helper()
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("%s is not here (scripts/setup --tests builds the Python roots): %v", path, err)
-	}
-	f, err := elf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
-}
 
 // TestTaskLayoutDebian reads the running task's and a Task's context's
 // offsets from Debian sid's _asyncio (CPython 3.14), and finds its one copy
@@ -29,7 +14,7 @@ func openELFOrSkip(t *testing.T, path string) *elf.File {
 // Future.add_done_callback's). 3.13 has no AsyncioDebug section.
 func TestTaskLayoutDebian(t *testing.T) {
 	t.Run("3.14", func(t *testing.T) {
-		f := openELFOrSkip(t, sidRoot+"/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so")
+		f := testproc.OpenELF(t, sidRoot+"/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so")
 		l, err := readTaskLayout(f)
 		if err != nil {
 			t.Fatal(err)
@@ -50,7 +35,7 @@ func TestTaskLayoutDebian(t *testing.T) {
 		}
 	})
 	t.Run("3.13", func(t *testing.T) {
-		f := openELFOrSkip(t, trixieRoot+"/usr/lib/python3.13/lib-dynload/_asyncio.cpython-313-x86_64-linux-gnu.so")
+		f := testproc.OpenELF(t, trixieRoot+"/usr/lib/python3.13/lib-dynload/_asyncio.cpython-313-x86_64-linux-gnu.so")
 		if _, err := readTaskLayout(f); !errors.Is(err, ErrNoTaskLayout) {
 			t.Fatalf("got %v, want ErrNoTaskLayout", err)
 		}
@@ -77,55 +62,15 @@ func TestKernelTaskLinks(t *testing.T) {
 			attachTP(t, "sys_enter_recvfrom", objs.PytestRecvEnter)
 			attachTP(t, "sys_exit_recvfrom", objs.PytestRecvExit)
 			events, in := runSender(t, "sid", objs, mode, "uvloop")
-			rootOf := map[string]CtxID{}
-			kOf := map[CtxID]string{}
-			kinds := map[string]int{}
-			for _, e := range events {
-				f := strings.Fields(e.data)
-				if e.status != StatusOK {
-					t.Errorf("%q: status %s", e.data, e.status)
-					continue
-				}
-				kind := map[string]string{"X": "explicit", "P": "request"}[f[0]]
-				if f[0] == "C" {
-					kind = f[2]
-				}
-				kinds[kind]++
-				switch {
-				case kind == "explicit":
-					if want := hexAddr(t, f[1]); e.ctx.Addr() != want {
-						t.Errorf("%q: kernel read context %s", e.data, e.ctx)
-					}
-					continue
-				case kind == "soon" && mode == taskLinks:
-					if e.root != 0 || e.ctx.Gen() != 0 {
-						t.Errorf("%q: a handle's context (not a task's) has root %s, context %s; want neither trusted", e.data, e.root, e.ctx)
-					}
-					continue
-				case kind == "request" && e.root != e.ctx:
-					t.Errorf("%q: request task %s has root %s, want itself", e.data, e.ctx, e.root)
-				}
-				k := f[1]
-				if e.root == 0 {
-					t.Errorf("%q: no root", e.data)
-					continue
-				}
-				if r, ok := rootOf[k]; ok && r != e.root {
-					t.Errorf("%q: root %s, request %s's other sends have %s", e.data, e.root, k, r)
-				}
-				if other, ok := kOf[e.root]; ok && other != k {
-					t.Errorf("%q: root %s also names request %s", e.data, e.root, other)
-				}
-				rootOf[k], kOf[e.root] = e.root, k
-			}
+			kinds, requests := checkSends(t, events, mode == taskLinks)
 			t.Logf("CPython %s on uvloop, %s: %d sends checked: %v", in.Version, name, len(events), kinds)
 			for _, k := range []string{"explicit", "request", "task", "gather", "nested", "eager", "soon", "thread"} {
 				if kinds[k] == 0 {
 					t.Errorf("no %q sends seen", k)
 				}
 			}
-			if len(rootOf) != 8 {
-				t.Errorf("%d requests have roots, want 8", len(rootOf))
+			if requests != 8 {
+				t.Errorf("%d requests have roots, want 8", requests)
 			}
 			logStats(t, objs.GtPyStats)
 			linked[mode] = statSum(t, objs, StatLinked)

@@ -6,6 +6,7 @@ package testproc
 
 import (
 	"bytes"
+	"debug/elf"
 	"io"
 	"os"
 	"os/exec"
@@ -184,4 +185,20 @@ func FreePort(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// OpenELF opens the ELF file at path for the test, which closes it; a
+// file that is not there skips the test (the Python roots are built by
+// scripts/setup --tests).
+func OpenELF(t testing.TB, path string) *elf.File {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s is not here (scripts/setup --tests builds the Python roots): %v", path, err)
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
