@@ -251,6 +251,20 @@ static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts,
 	return 0;
 }
 
+// gt_py_known_id is gt_py_ctx_id for addr, the current context of thread
+// state ts, with its link only where gt_py_trusted says it may be used
+// (otherwise *link is 0 and the id has no generation).
+static __always_inline __u64 gt_py_known_id(const struct gt_py_params *p, __u64 ts, __u64 addr,
+					    struct gt_py_link **link)
+{
+	__u64 id = gt_py_ctx_id(addr, link);
+	if (*link && !gt_py_trusted(p, ts, addr)) {
+		*link = 0;
+		return addr & GT_PY_ADDR_MASK;
+	}
+	return id;
+}
+
 // gt_py_context fills the asyncio context identity of the calling thread:
 // *ctx the current contextvars.Context (the running Task's, or the loop
 // callback's) and *root the request it works for (the handler context of an
@@ -332,17 +346,13 @@ static __always_inline int gt_py_context_w(__u32 tgid, __u32 tid, __u64 wbuf, in
 		goto out;
 	}
 	struct gt_py_link *l;
-	__u64 id = gt_py_ctx_id(c, &l);
-	// A context the copy probe saw born is known to be one; only an
-	// unknown pointer costs the type check (a wrong offset table, a stale
-	// pointer).
+	__u64 id = gt_py_known_id(p, ts, c, &l);
+	// A context whose birth the copy probe saw is known to be one; only an
+	// unknown or distrusted pointer costs the type check (a wrong offset
+	// table, a stale pointer).
 	if (!l && !gt_py_is_context(p, c)) {
 		status = GT_PY_BAD_CONTEXT;
 		goto out;
-	}
-	if (l && !gt_py_trusted(p, ts, c)) {
-		l = 0;
-		id = c & GT_PY_ADDR_MASK;
 	}
 	*ctx = id;
 	if (l) {

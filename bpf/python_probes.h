@@ -107,12 +107,10 @@ static __always_inline int gt_py_link_new(__u64 child, int site)
 	__u64 ts = gt_py_tstate_th(p, tgid, tid, &th);
 	if (ts)
 		parent = gt_py_read_u64(ts + p->tstate_context) & GT_PY_ADDR_MASK;
-	struct gt_py_link *pl;
-	__u64 parent_id = gt_py_ctx_id(parent, &pl);
-	if (pl && ts && !gt_py_trusted(p, ts, parent)) {
-		pl = 0; // inherits nothing; the read rule may still root it
-		parent_id = parent;
-	}
+	// A distrusted parent passes nothing on; the read rule may still root
+	// the child.
+	struct gt_py_link *pl = 0;
+	__u64 parent_id = ts ? gt_py_known_id(p, ts, parent, &pl) : 0;
 
 	struct gt_py_link *cl = bpf_map_lookup_elem(&gt_py_links, &child);
 	// A new generation for the (likely recycled) address. A fresh address

@@ -123,11 +123,7 @@ int gt_py_uv_write(void *ctx)
 	__u64 c = gt_py_read_u64(ts + p->tstate_context) & GT_PY_ADDR_MASK;
 	struct gt_py_link *l;
 	struct gt_py_wbuf w = {.ns = bpf_ktime_get_ns()};
-	w.ctx = gt_py_ctx_id(c, &l);
-	if (l && !gt_py_trusted(p, ts, c)) {
-		l = 0;
-		w.ctx = c;
-	}
+	w.ctx = gt_py_known_id(p, ts, c, &l);
 	w.root = l ? l->root : 0;
 	struct gt_py_wbuf_key k = {.tgid = tgid, .addr = addr};
 	bpf_map_update_elem(&gt_py_wbufs, &k, &w, BPF_ANY);

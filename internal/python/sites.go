@@ -56,14 +56,13 @@ func statID(path string) (fileID, error) {
 }
 
 // What files have been read: whether each imports or defines the symbol,
-// and the calls found in those that do. Every Gym server maps the same
-// interpreter and modules, so each is read once per gymtrace.
+// and what the files that do were read for (readCalls). Every Gym server
+// maps the same interpreter and modules, so each is read once per gymtrace.
 var siteCache = struct {
 	sync.Mutex
 	reaches map[fileID]bool
-	calls   map[fileID]*probesite.Calls
-	errs    map[fileID]error
-}{reaches: map[fileID]bool{}, calls: map[fileID]*probesite.Calls{}, errs: map[fileID]error{}}
+	files   map[fileID]*fileCalls
+}{reaches: map[fileID]bool{}, files: map[fileID]*fileCalls{}}
 
 // reachesCopy: f defines or imports PyContext_CopyCurrent.
 func reachesCopy(open string, id fileID) bool {
@@ -85,23 +84,37 @@ func reachesCopy(open string, id fileID) bool {
 	return r
 }
 
-func findCalls(open string, id fileID) (*probesite.Calls, error) {
+// fileCalls is what one file that reaches PyContext_CopyCurrent was read
+// for: how it calls it (probesite.FindCalls) and, where it holds the
+// _asyncio module, its task layout (ErrNoTaskLayout everywhere else).
+type fileCalls struct {
+	calls     *probesite.Calls
+	err       error
+	layout    TaskLayout
+	layoutErr error
+}
+
+// readCalls reads the file once per gymtrace; a file that cannot be opened
+// is tried again next time.
+func readCalls(open string, id fileID) (*fileCalls, error) {
 	siteCache.Lock()
-	c, err := siteCache.calls[id], siteCache.errs[id]
+	fc := siteCache.files[id]
 	siteCache.Unlock()
-	if c != nil || err != nil {
-		return c, err
+	if fc != nil {
+		return fc, nil
 	}
 	f, err := elf.Open(open)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	c, err = probesite.FindCalls(f, ProbeSymbol)
+	fc = &fileCalls{}
+	fc.calls, fc.err = probesite.FindCalls(f, ProbeSymbol)
+	fc.layout, fc.layoutErr = readTaskLayout(f)
 	siteCache.Lock()
-	siteCache.calls[id], siteCache.errs[id] = c, err
+	siteCache.files[id] = fc
 	siteCache.Unlock()
-	return c, err
+	return fc, nil
 }
 
 // copyModules lists pid's mapped files that reach PyContext_CopyCurrent,
@@ -166,11 +179,14 @@ func (in *Interpreter) AttachSiteProbes(site, ret *ebpf.Program) (io.Closer, str
 	}
 	var plan []planned
 	for _, m := range mods {
-		c, err := findCalls(m.open, m.id)
+		fc, err := readCalls(m.open, m.id)
+		if err == nil {
+			err = fc.err
+		}
 		if err != nil {
 			return nil, "", fmt.Errorf("%s: %w", m.path, err)
 		}
-		plan = append(plan, planned{m, c})
+		plan = append(plan, planned{m, fc.calls})
 	}
 	p, err := in.attachPlan(plan, site, ret)
 	if err != nil {

@@ -133,37 +133,36 @@ func (in *Interpreter) AttachTaskProbes(site, ret *ebpf.Program) (io.Closer, Tas
 	if err != nil {
 		return fail(err)
 	}
+	if !slices.ContainsFunc(mods, func(m copyModule) bool { return IsUVloopModule(m.path) }) {
+		return fail(errors.New("the process does not run uvloop (the default loop keeps every copy)"))
+	}
 	var plan []planned
-	found, uv := false, false
+	found := false
 	for _, m := range mods {
 		if IsUVloopModule(m.path) {
-			uv = true
 			continue // handles, timers, transports: no Task's context
 		}
-		f, err := elf.Open(m.open)
-		if err != nil {
-			return fail(err)
+		fc, err := readCalls(m.open, m.id)
+		if err == nil {
+			err = fc.err
 		}
-		ml, lerr := readTaskLayout(f)
-		f.Close()
-		c, err := findCalls(m.open, m.id)
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", m.path, err))
 		}
-		switch {
-		case lerr == nil:
+		switch c := fc.calls; {
+		case fc.layoutErr == nil:
 			if found {
 				return fail(fmt.Errorf("%s: a second module with %s", m.path, asyncioDebugSection))
 			}
-			found, l = true, ml
-			t := taskSites(c, ml)
+			found, l = true, fc.layout
+			t := taskSites(c, l)
 			if len(t.Sites) != 1 {
 				return fail(fmt.Errorf("%s: %d of its %d copies are stored as a Task's context (offset %d), want 1",
-					m.path, len(t.Sites), len(c.Sites), ml.TaskContext))
+					m.path, len(t.Sites), len(c.Sites), l.TaskContext))
 			}
 			plan = append(plan, planned{m, t})
-		case !errors.Is(lerr, ErrNoTaskLayout):
-			return fail(fmt.Errorf("%s: %w", m.path, lerr))
+		case !errors.Is(fc.layoutErr, ErrNoTaskLayout):
+			return fail(fmt.Errorf("%s: %w", m.path, fc.layoutErr))
 		case m.path == in.MappedPath && len(c.Sites) == 0:
 			plan = append(plan, planned{m, c}) // copy_context's return probe
 		default:
@@ -172,9 +171,6 @@ func (in *Interpreter) AttachTaskProbes(site, ret *ebpf.Program) (io.Closer, Tas
 	}
 	if !found {
 		return fail(errors.New("no _asyncio module with an AsyncioDebug section is loaded"))
-	}
-	if !uv {
-		return fail(errors.New("the process does not run uvloop (the default loop keeps every copy)"))
 	}
 	p, err := in.attachPlan(plan, site, ret)
 	if err != nil {
