@@ -5,6 +5,8 @@ package spans
 import (
 	"testing"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gymtrace/gymtrace/internal/http"
 )
 
@@ -12,7 +14,7 @@ import (
 // syscall's exit made one end's times trail the other's (bigrequest,
 // bigresponse in the kernel scenarios).
 func TestServerBounds(t *testing.T) {
-	client := &node{}
+	client := &node{id: trace.SpanID{1, 2, 3}}
 	joined := func(sStart, sEnd, cStart, cEnd uint64) *inbound {
 		return &inbound{
 			x:      &http.Exchange{ReqStart: sStart, RespEnd: sEnd},
@@ -32,8 +34,13 @@ func TestServerBounds(t *testing.T) {
 		{"client started after the server ended: nothing sane to clamp to", joined(100, 120, 150, 200), 100, 120},
 		{"not joined", &inbound{x: &http.Exchange{ReqStart: 100, RespEnd: 190}, server: &node{}}, 100, 190},
 		{"parented by a traceparent, not by the client on this node",
-			&inbound{x: &http.Exchange{ReqStart: 100, RespEnd: 190}, server: &node{},
+			&inbound{x: &http.Exchange{ReqStart: 100, RespEnd: 190}, server: &node{remote: trace.SpanID{9}},
 				via: &outbound{x: &http.Exchange{ReqStart: 150, RespEnd: 200}, client: client}}, 100, 190},
+		{"parented by the traceparent gymtrace injected: the client on this node's own id",
+			&inbound{x: &http.Exchange{ReqStart: 100, RespEnd: 250}, server: &node{remote: client.id},
+				via: &outbound{x: &http.Exchange{ReqStart: 150, RespEnd: 200}, client: client}}, 150, 200},
+		{"no parent at all", &inbound{x: &http.Exchange{ReqStart: 100, RespEnd: 190}, server: &node{},
+			via: &outbound{x: &http.Exchange{ReqStart: 150, RespEnd: 200}, client: &node{}}}, 100, 190},
 	} {
 		if s, e := serverBounds(c.in); s != c.start || e != c.end {
 			t.Errorf("%s: span [%d, %d], want [%d, %d]", c.name, s, e, c.start, c.end)

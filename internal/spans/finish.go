@@ -172,7 +172,9 @@ func spanBounds(x *http.Exchange) (start, end uint64) {
 }
 
 // serverBounds is a server request's span, inside the span of the client
-// request on this node that sent it. Each end's times are its syscalls'
+// request on this node that sent it: its parent, joined by the connection's
+// tuple or named by the traceparent the request carried (the one gymtrace
+// injected gives the CLIENT span's own id). Each end's times are its syscalls'
 // exits, and a syscall that moves a large buffer returns after the peer has
 // seen its first bytes: a 1 MiB upload's write(2) exits after the server's
 // read of the head, a download's read after the server's last write began.
@@ -182,7 +184,7 @@ func spanBounds(x *http.Exchange) (start, end uint64) {
 // kernel's times.
 func serverBounds(in *inbound) (start, end uint64) {
 	start, end = spanBounds(in.x)
-	if in.via == nil || in.server == nil || in.via.client == nil || in.server.parent != in.via.client {
+	if in.via == nil || in.server == nil || in.via.client == nil || !childOf(in.server, in.via.client) {
 		return start, end
 	}
 	c := in.via.x
@@ -193,6 +195,15 @@ func serverBounds(in *inbound) (start, end uint64) {
 		end = c.RespEnd
 	}
 	return start, end
+}
+
+// childOf: parent is n's parent span, by its node or by the span id of the
+// traceparent n was given.
+func childOf(n, parent *node) bool {
+	if n.parent != nil {
+		return n.parent == parent
+	}
+	return n.remote.IsValid() && n.remote == parent.id
 }
 
 func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange, start, end uint64,
