@@ -96,6 +96,12 @@ func TestParseProc(t *testing.T) {
 	if _, _, err := parseStat("garbage"); err == nil {
 		t.Fatal("garbage must fail")
 	}
+	if n := parsePreemptions("Name:\tpython3\nvoluntary_ctxt_switches:\t912\nnonvoluntary_ctxt_switches:\t37\n"); n != 37 {
+		t.Fatalf("parsePreemptions = %d, want 37", n)
+	}
+	if n := parsePreemptions("Name:\tpython3\n"); n != 0 {
+		t.Fatalf("parsePreemptions without the field = %d", n)
+	}
 	rss, hwm := parseStatus("Name:\tgymtrace\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\n")
 	if rss != 40960*1024 || hwm != 51200*1024 {
 		t.Fatalf("parseStatus = %d %d", rss, hwm)
@@ -573,7 +579,7 @@ func TestTwinAnalysis(t *testing.T) {
 	run := func(cfg string, round int, cpu, rolls, tracer float64) twinRun {
 		// The twin: 1000 ms for 100 rollouts in 5 s, every round.
 		return twinRun{Config: cfg, Round: round, Copy: "A", Rollouts: int(rolls), CPUMs: cpu, ElapsedS: 5,
-			TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, TracerCPUMs: tracer}
+			TwinRollouts: 100, TwinCPUMs: 1000, TwinElapsedS: 5, TracerCPUMs: tracer, Preempted: 3 * rolls, TwinPreempted: 100}
 	}
 	rep := &Report{Raw: RawRuns{Twin: []twinRun{
 		run("untraced, A against B", 0, 990, 100, 0), run("untraced, A against B", 1, 1010, 100, 0),
@@ -592,6 +598,9 @@ func TestTwinAnalysis(t *testing.T) {
 	d := by["default"]
 	if d.Rounds != 2 || !near(d.StackCPU.Mean, math.Sqrt(1.03*1.05), 1e-9) || !near(d.AgentCPUPct, 100*(20.0/1030+20.0/1050)/2, 1e-9) {
 		t.Fatalf("default row = %+v", d)
+	}
+	if !near(d.PreemptedPerRoll, 3, 1e-9) || !near(d.TwinPreemptedPerRoll, 1, 1e-9) {
+		t.Fatalf("preempted per rollout %v / %v, want 3 / 1", d.PreemptedPerRoll, d.TwinPreemptedPerRoll)
 	}
 	if !(d.WithAgent.Mean > d.StackCPU.Mean) || !near(d.Throughput.Mean, 1, 1e-9) {
 		t.Fatalf("with the agent %+v must exceed the servers alone %+v; throughput %+v", d.WithAgent, d.StackCPU, d.Throughput)

@@ -169,3 +169,35 @@ func bpfObjects(pid int) (progs map[uint32]BPFObject, maps map[uint32]BPFObject,
 	}
 	return progs, maps, nil
 }
+
+// readPreemptions is how many times pid's threads were switched out while
+// still runnable (nonvoluntary_ctxt_switches, summed over
+// /proc/PID/task/*/status): a waking task that preempted them, or the
+// tick. A thread that ended meanwhile is left out.
+func readPreemptions(pid int) (uint64, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("listing the threads of pid %d: %w", pid, err)
+	}
+	var sum uint64
+	for _, e := range ents {
+		status, err := os.ReadFile(filepath.Join(dir, e.Name(), "status"))
+		if err != nil {
+			continue // the thread ended
+		}
+		sum += parsePreemptions(string(status))
+	}
+	return sum, nil
+}
+
+// parsePreemptions returns nonvoluntary_ctxt_switches of a status file.
+func parsePreemptions(s string) uint64 {
+	for line := range strings.Lines(s) {
+		if v, ok := strings.CutPrefix(line, "nonvoluntary_ctxt_switches:"); ok {
+			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}

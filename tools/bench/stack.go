@@ -175,6 +175,19 @@ func (s *stack) cpu() (time.Duration, error) {
 	return sum, nil
 }
 
+// preemptions sums the servers' involuntary switches so far (readPreemptions).
+func (s *stack) preemptions() (uint64, error) {
+	var sum uint64
+	for role, p := range s.pids {
+		n, err := readPreemptions(p)
+		if err != nil {
+			return 0, fmt.Errorf("the %s server: %w", role, err)
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
 // countRequests counts the "in" truth records (one per request a server
 // finished) written since the last call.
 func (s *stack) countRequests() int {

@@ -99,7 +99,12 @@ type twinRun struct {
 	Copies   float64 `json:"context_copies,omitempty"`
 	AtSites  float64 `json:"context_copies_at_sites,omitempty"` // of Copies, linked by call-site probes (one trap)
 	UVWrites float64 `json:"uvloop_writes,omitempty"`
-	Invalid  string  `json:"invalid,omitempty"`
+	// The servers' involuntary switches in the window (readPreemptions),
+	// measured copy and twin: how often something (gymtrace's agent, the
+	// other copy, the tick) took a CPU from a server mid-work.
+	Preempted     float64 `json:"servers_preempted"`
+	TwinPreempted float64 `json:"twin_servers_preempted"`
+	Invalid       string  `json:"invalid,omitempty"`
 }
 
 // pyProbeHits reads gymtrace's counters of its two Python probes.
@@ -291,6 +296,10 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 	if err != nil {
 		return run, err
 	}
+	pa0, pb0, err := preemptionsOfBoth(st, twin)
+	if err != nil {
+		return run, err
+	}
 	perfName := fmt.Sprintf("r%d-%s", round, slug(row.Name))
 	stopPerfA := startPerf(o.PerfDir, st, perfName+"-measured", o.Log)
 	stopPerfB := startPerf(o.PerfDir, twin, perfName+"-twin", o.Log)
@@ -332,6 +341,11 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 	if err != nil {
 		return run, err
 	}
+	pa1, pb1, err := preemptionsOfBoth(st, twin)
+	if err != nil {
+		return run, err
+	}
+	run.Preempted, run.TwinPreempted = float64(pa1-pa0), float64(pb1-pb0)
 	run.Rollouts, run.ElapsedS, run.CPUMs = sa.Rollouts, sa.ElapsedS, float64(a1-a0)/1e6
 	run.TwinRollouts, run.TwinElapsedS, run.TwinCPUMs = sb.Rollouts, sb.ElapsedS, float64(b1-b0)/1e6
 	switch {
@@ -369,4 +383,14 @@ func cpuOfBoth(a, b *stack) (time.Duration, time.Duration, error) {
 	}
 	tb, err := b.cpu()
 	return ta, tb, err
+}
+
+// preemptionsOfBoth reads the servers' involuntary switches of both copies.
+func preemptionsOfBoth(a, b *stack) (uint64, uint64, error) {
+	pa, err := a.preemptions()
+	if err != nil {
+		return 0, 0, err
+	}
+	pb, err := b.preemptions()
+	return pa, pb, err
 }

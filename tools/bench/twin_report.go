@@ -38,6 +38,10 @@ type TwinRow struct {
 	AtSitesPerRoll  float64 `json:"context_copies_at_sites_per_rollout,omitempty"`
 	UVWritesPerRoll float64 `json:"uvloop_writes_per_rollout,omitempty"`
 	TrapsPct        float64 `json:"probe_traps_pct_of_twin"`
+	// The servers' involuntary switches per rollout, measured copy and
+	// twin (twinRun.Preempted).
+	PreemptedPerRoll     float64 `json:"servers_preempted_per_rollout"`
+	TwinPreemptedPerRoll float64 `json:"twin_servers_preempted_per_rollout"`
 }
 
 func (rep *Report) analyseTwin() {
@@ -74,8 +78,10 @@ func (rep *Report) analyseTwin() {
 		runs := by[name]
 		_, cfg := rowOf(name)
 		cpu, withAgent, thr := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
-		var agent, ms, twinMs, rps, twinRps, copies, atSites, uvw []float64
+		var agent, ms, twinMs, rps, twinRps, copies, atSites, uvw, pre, twinPre []float64
 		for _, r := range runs {
+			pre = append(pre, r.Preempted/float64(r.Rollouts))
+			twinPre = append(twinPre, r.TwinPreempted/float64(r.TwinRollouts))
 			copies = append(copies, r.Copies/float64(r.Rollouts))
 			atSites = append(atSites, r.AtSites/float64(r.Rollouts))
 			uvw = append(uvw, r.UVWrites/float64(r.Rollouts))
@@ -95,7 +101,8 @@ func (rep *Report) analyseTwin() {
 		row := TwinRow{Config: name, Rounds: len(runs), StackCPU: balancedRatioCI(cpu), Throughput: balancedRatioCI(thr),
 			WithAgent: balancedRatioCI(withAgent), AgentCPUPct: mean(agent), CPUMsPerRoll: mean(ms), TwinCPUMsRoll: mean(twinMs),
 			RolloutsPerS: mean(rps), TwinRolloutsS: mean(twinRps), GymTelemetry: cfg.GymTel, Untraced: cfg.Untraced,
-			CopiesPerRoll: mean(copies), AtSitesPerRoll: mean(atSites), UVWritesPerRoll: mean(uvw), TrapsPct: math.NaN()}
+			CopiesPerRoll: mean(copies), AtSitesPerRoll: mean(atSites), UVWritesPerRoll: mean(uvw), TrapsPct: math.NaN(),
+			PreemptedPerRoll: mean(pre), TwinPreemptedPerRoll: mean(twinPre)}
 		if entry, ret, ok := rep.probeTrapNs(); ok && row.TwinCPUMsRoll > 0 {
 			// A copy seen at its call site is an entry probe, any other a
 			// return probe (entry trap and return); a write an entry probe.
@@ -179,7 +186,8 @@ func (rep *Report) twinTable() (table, bool) {
 		"one traced; %d rounds, the traced copy alternating; ratios measured/twin, geometric mean [95%% CI]",
 		rep.twinRuntime(), s.TwinWindowS, s.TwinConcurrency, s.TwinRounds)}
 	t.rows = append(t.rows, []string{"config", "servers' CPU/rollout", "servers' added", "agent CPU % of stack", "servers + agent added",
-		"throughput", "ms/rollout measured / twin", "rollouts/s measured / twin", "context copies (at call sites) + uvloop writes probed / rollout", "their traps, % of twin's CPU"})
+		"throughput", "ms/rollout measured / twin", "rollouts/s measured / twin", "context copies (at call sites) + uvloop writes probed / rollout", "their traps, % of twin's CPU",
+		"servers preempted / rollout, measured / twin"})
 	for _, r := range rep.Twin {
 		agent, total := fmtF(r.AgentCPUPct, 2), pctOver(r.WithAgent)
 		if r.GymTelemetry || r.Untraced {
@@ -196,7 +204,8 @@ func (rep *Report) twinTable() (table, bool) {
 			}
 		}
 		t.rows = append(t.rows, []string{r.Config, fmtIv(r.StackCPU, 3), pctOver(r.StackCPU), agent, total, fmtIv(r.Throughput, 3),
-			fmtF(r.CPUMsPerRoll, 2) + " / " + fmtF(r.TwinCPUMsRoll, 2), fmtF(r.RolloutsPerS, 1) + " / " + fmtF(r.TwinRolloutsS, 1), probes, traps})
+			fmtF(r.CPUMsPerRoll, 2) + " / " + fmtF(r.TwinCPUMsRoll, 2), fmtF(r.RolloutsPerS, 1) + " / " + fmtF(r.TwinRolloutsS, 1), probes, traps,
+			fmtF(r.PreemptedPerRoll, 2) + " / " + fmtF(r.TwinPreemptedPerRoll, 2)})
 	}
 	return t, len(t.rows) > 1
 }
