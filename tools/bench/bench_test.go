@@ -102,6 +102,9 @@ func TestParseProc(t *testing.T) {
 	if n := parsePreemptions("Name:\tpython3\n"); n != 0 {
 		t.Fatalf("parsePreemptions without the field = %d", n)
 	}
+	if counted(5, 9) != 4 || counted(9, 5) != 0 {
+		t.Fatalf("counted(5, 9) = %v, counted(9, 5) = %v", counted(5, 9), counted(9, 5))
+	}
 	rss, hwm := parseStatus("Name:\tgymtrace\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\n")
 	if rss != 40960*1024 || hwm != 51200*1024 {
 		t.Fatalf("parseStatus = %d %d", rss, hwm)

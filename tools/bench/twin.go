@@ -345,7 +345,7 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 	if err != nil {
 		return run, err
 	}
-	run.Preempted, run.TwinPreempted = float64(pa1-pa0), float64(pb1-pb0)
+	run.Preempted, run.TwinPreempted = counted(pa0, pa1), counted(pb0, pb1)
 	run.Rollouts, run.ElapsedS, run.CPUMs = sa.Rollouts, sa.ElapsedS, float64(a1-a0)/1e6
 	run.TwinRollouts, run.TwinElapsedS, run.TwinCPUMs = sb.Rollouts, sb.ElapsedS, float64(b1-b0)/1e6
 	switch {
@@ -393,4 +393,13 @@ func preemptionsOfBoth(a, b *stack) (uint64, uint64, error) {
 	}
 	pb, err := b.preemptions()
 	return pa, pb, err
+}
+
+// counted is a counter's growth from a to b; a thread that ended in between
+// took its count along, so a sum that fell counts as none.
+func counted(a, b uint64) float64 {
+	if b < a {
+		return 0
+	}
+	return float64(b - a)
 }
