@@ -224,18 +224,24 @@ func checkSends(t *testing.T, events []sendEvent, tasksOnly bool) (map[string]in
 	return kinds, len(rootOf)
 }
 
+// mapStat is counter s of gt_py_stats m, summed over the CPUs.
+func mapStat(t *testing.T, m *ebpf.Map, s Status) uint64 {
+	t.Helper()
+	var per []uint64
+	if err := m.Lookup(uint32(s), &per); err != nil {
+		t.Fatal(err)
+	}
+	var sum uint64
+	for _, v := range per {
+		sum += v
+	}
+	return sum
+}
+
 func logStats(t *testing.T, m *ebpf.Map) {
 	var parts []string
 	for s := Status(0); s < statMax; s++ {
-		var per []uint64
-		if err := m.Lookup(uint32(s), &per); err != nil {
-			t.Fatal(err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		if sum > 0 {
+		if sum := mapStat(t, m, s); sum > 0 {
 			parts = append(parts, fmt.Sprintf("%s=%d", s, sum))
 		}
 	}

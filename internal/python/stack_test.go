@@ -200,15 +200,7 @@ func runStackProbes(t *testing.T, which string, n, c int, sites bool, appArgs ..
 }
 
 func statSum(t *testing.T, objs *pytestbpf.Objects, s Status) uint64 {
-	var per []uint64
-	if err := objs.GtPyStats.Lookup(uint32(s), &per); err != nil {
-		t.Fatal(err)
-	}
-	var sum uint64
-	for _, v := range per {
-		sum += v
-	}
-	return sum
+	return mapStat(t, objs.GtPyStats, s)
 }
 
 // TestStackAttribution is the in-process causality check on the real stack:
