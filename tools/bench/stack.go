@@ -163,23 +163,23 @@ func (s *stack) pidArg() string {
 	return fmt.Sprintf("%d=agent,%d=model,%d=resources", s.pids["agent"], s.pids["model"], s.pids["resources"])
 }
 
+// cpu sums the servers' CPU so far (utime+stime of every thread).
 func (s *stack) cpu() (time.Duration, error) {
-	var sum time.Duration
-	for role, p := range s.pids {
-		u, err := readProcUsage(p)
-		if err != nil {
-			return 0, fmt.Errorf("the %s server: %w", role, err)
-		}
-		sum += u.CPU
-	}
-	return sum, nil
+	ns, err := s.sumServers(func(pid int) (uint64, error) {
+		u, err := readProcUsage(pid)
+		return uint64(u.CPU), err
+	})
+	return time.Duration(ns), err
 }
 
 // preemptions sums the servers' involuntary switches so far (readPreemptions).
-func (s *stack) preemptions() (uint64, error) {
+func (s *stack) preemptions() (uint64, error) { return s.sumServers(readPreemptions) }
+
+// sumServers adds read(pid) over the stack's servers.
+func (s *stack) sumServers(read func(pid int) (uint64, error)) (uint64, error) {
 	var sum uint64
 	for role, p := range s.pids {
-		n, err := readPreemptions(p)
+		n, err := read(p)
 		if err != nil {
 			return 0, fmt.Errorf("the %s server: %w", role, err)
 		}

@@ -292,11 +292,11 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 			return run, err
 		}
 	}
-	a0, b0, err := cpuOfBoth(st, twin)
+	a0, b0, err := ofBoth(st, twin, (*stack).cpu)
 	if err != nil {
 		return run, err
 	}
-	pa0, pb0, err := preemptionsOfBoth(st, twin)
+	pa0, pb0, err := ofBoth(st, twin, (*stack).preemptions)
 	if err != nil {
 		return run, err
 	}
@@ -337,11 +337,11 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 	if eb != nil {
 		return run, eb
 	}
-	a1, b1, err := cpuOfBoth(st, twin)
+	a1, b1, err := ofBoth(st, twin, (*stack).cpu)
 	if err != nil {
 		return run, err
 	}
-	pa1, pb1, err := preemptionsOfBoth(st, twin)
+	pa1, pb1, err := ofBoth(st, twin, (*stack).preemptions)
 	if err != nil {
 		return run, err
 	}
@@ -375,24 +375,15 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 	return run, nil
 }
 
-// cpuOfBoth reads the servers' CPU of both copies, one right after the other.
-func cpuOfBoth(a, b *stack) (time.Duration, time.Duration, error) {
-	ta, err := a.cpu()
+// ofBoth reads the same figure of both copies, one right after the other.
+func ofBoth[T any](a, b *stack, read func(*stack) (T, error)) (T, T, error) {
+	va, err := read(a)
 	if err != nil {
-		return 0, 0, err
+		var zero T
+		return zero, zero, err
 	}
-	tb, err := b.cpu()
-	return ta, tb, err
-}
-
-// preemptionsOfBoth reads the servers' involuntary switches of both copies.
-func preemptionsOfBoth(a, b *stack) (uint64, uint64, error) {
-	pa, err := a.preemptions()
-	if err != nil {
-		return 0, 0, err
-	}
-	pb, err := b.preemptions()
-	return pa, pb, err
+	vb, err := read(b)
+	return va, vb, err
 }
 
 // counted is a counter's growth from a to b; a thread that ended in between
