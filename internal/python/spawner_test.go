@@ -7,16 +7,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
-)
 
-// spawnerEntry mirrors struct gt_py_spawner (bpf/common/python_contract.h),
-// the gt_py_spawners value; TestParamsLayout checks its size.
-type spawnerEntry struct {
-	ID     CtxID
-	ConnID uint64
-	Tgid   uint32
-	Fd     int32
-}
+	pytestbpf "github.com/gymtrace/gymtrace/internal/python/pytest_bpf"
+)
 
 // The spawner rule's liveness check, without a Python in the loop: the flake
 // of issue 19 made deterministic. When a request is read on a kept-alive
@@ -72,9 +65,9 @@ func TestKernelSpawnerLiveness(t *testing.T) {
 		}
 		return fd
 	}
-	spawner := func() (spawnerEntry, bool) {
+	spawner := func() (pytestbpf.Spawner, bool) {
 		t.Helper()
-		var s spawnerEntry
+		var s pytestbpf.Spawner
 		err := objs.GtPySpawners.Lookup(uint64(addr), &s)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return s, false
@@ -93,7 +86,7 @@ func TestKernelSpawnerLiveness(t *testing.T) {
 	// The live one (generation 5) is marked for its connection.
 	live := readRequest(id(5))
 	s, ok := spawner()
-	if !ok || s.ID != id(5) || s.Fd != live || s.Tgid != pid {
+	if !ok || CtxID(s.Id) != id(5) || s.Fd != live || s.Tgid != pid {
 		t.Fatalf("the live writer's spawner entry = %+v (present %v), want %v on fd %d", s, ok, id(5), live)
 	}
 	// The flake's shape: another connection's previous writer, dead at the

@@ -6,6 +6,9 @@ type Objects = pytestObjects
 // Event is one send as the test programs saw it.
 type Event = pytestPytestEvent
 
+// Spawner is a gt_py_spawners value (struct gt_py_spawner).
+type Spawner = pytestGtPySpawner
+
 // Load loads the test object into the kernel.
 func Load() (*Objects, error) {
 	var o Objects
