@@ -35,4 +35,5 @@ enum gt_inject_cfg_flag gt_contract_inject_cfg __attribute__((unused));
 enum gt_prof_section gt_contract_prof __attribute__((unused));
 enum gt_py_status gt_contract_py_status __attribute__((unused));
 enum gt_py_reg gt_contract_py_reg __attribute__((unused));
+enum gt_py_site_flag gt_contract_py_site_flag __attribute__((unused));
 struct gt_trace_ctx gt_contract_trace_ctx __attribute__((unused));

@@ -58,19 +58,19 @@ static __always_inline __u64 gt_py_site_reg(void *ctx)
 		regs->ax, regs->bx, regs->cx, regs->dx, regs->si, regs->di, regs->bp, regs->r8,
 		regs->r9, regs->r10, regs->r11, regs->r12, regs->r13, regs->r14, regs->r15,
 	};
-	__u64 i = bpf_get_attach_cookie(ctx);
+	__u64 i = bpf_get_attach_cookie(ctx) & ~(__u64)GT_PY_SITE_TASK;
 	if (i <= GT_PY_REG_R15)
 		return r[i];
 #endif
 	return 0; // call-site probes are x86-64 only
 }
 
-static __always_inline int gt_py_link_new(__u64 child, int site);
+static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task);
 
 SEC("uretprobe/PyContext_CopyCurrent")
 int gt_py_copy_ret(void *ctx)
 {
-	return gt_py_link_new(gt_py_retval(ctx) & GT_PY_ADDR_MASK, 0);
+	return gt_py_link_new(gt_py_retval(ctx) & GT_PY_ADDR_MASK, 0, 0);
 }
 
 // Why an entry probe after the call: a return probe costs a trap at the
@@ -79,24 +79,35 @@ int gt_py_copy_ret(void *ctx)
 // trap sees the new context in a register (internal/probesite.FindCalls).
 // Measured on a host with PTI and no PCID: 5.3 us against 6.7 us with an
 // empty program, and one kernel entry a copy instead of two.
+//
+// With GT_PY_SITE_TASK in the cookie the site is Task.__init__'s
+// register_task after task_call_step_soon, on its call instruction, and the
+// register holds the Task (GT_PY_F_EAGER): its context was copied or given
+// by then, and an eager start never gets there.
 SEC("uprobe/PyContext_CopyCurrent_site")
 int gt_py_copy_site(void *ctx)
 {
-	return gt_py_link_new(gt_py_site_reg(ctx) & GT_PY_ADDR_MASK, 1);
+	__u64 v = gt_py_site_reg(ctx) & GT_PY_ADDR_MASK;
+	if (bpf_get_attach_cookie(ctx) & GT_PY_SITE_TASK)
+		return gt_py_link_new(0, 1, v);
+	return gt_py_link_new(v, 1, 0);
 }
 
 // gt_py_link_new records the birth of child, a context the current one was
-// copied into. site: the value came from a call site's register, so it is
-// checked to be a PyContext first (a return probe's is one by construction).
-static __always_inline int gt_py_link_new(__u64 child, int site)
+// copied into; or, given task, of the context of that Task (its owner).
+// site: the value came from a call site's register, so it is checked to be
+// a PyContext first (a return probe's is one by construction).
+static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task)
 {
-	if (!child)
-		return 0; // the copy failed (MemoryError)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
 	if (!p)
 		return 0;
+	if (task)
+		child = gt_py_read_u64(task + p->task_context) & GT_PY_ADDR_MASK;
+	if (!child)
+		return 0; // the copy failed (MemoryError)
 	if (site && !gt_py_is_context(p, child))
 		return 0;
 	__u64 t0 = gt_prof_begin();
@@ -110,6 +121,8 @@ static __always_inline int gt_py_link_new(__u64 child, int site)
 	// A distrusted parent passes nothing on; the read rule may still root
 	// the child.
 	struct gt_py_link *pl = 0;
+	if (task && child == parent)
+		return 0; // a Task given its creator's own context: no birth
 	__u64 parent_id = ts ? gt_py_known_id(p, ts, parent, &pl) : 0;
 
 	struct gt_py_link *cl = bpf_map_lookup_elem(&gt_py_links, &child);
@@ -168,6 +181,7 @@ static __always_inline int gt_py_link_new(__u64 child, int site)
 		.gen = gen,
 		.req_conn = req_conn,
 		.req_seq = req_seq,
+		.owner = task,
 	};
 	if (cl)
 		*cl = l; // in place: no LRU list work on the hot path

@@ -68,6 +68,14 @@ enum gt_py_flag {
 	// thread and may sit at the address of a dead, linked context, so there
 	// a context's link counts only while it is the running task's context.
 	GT_PY_F_TASKS = 2,
+	// With GT_PY_F_TASKS: the link probe sees only the births of Tasks
+	// started lazily (in Task.__init__, on its register_task after
+	// task_call_step_soon, which an eager start does not reach) and records
+	// each link's owner Task. An eager task's link is made in its eager
+	// step, at its first context read, from its context's ctx_prev: the
+	// creator's context, which _PyContext_Enter saved there (bpf/python.h,
+	// gt_py_eager).
+	GT_PY_F_EAGER = 4,
 };
 
 // Per-thread cache: global tid -> the thread's PyThreadState.
@@ -123,6 +131,11 @@ struct gt_py_link {
 	// reader (a spawner) created the handler task. Inherited by descendants.
 	__u64 req_conn; // 0 = unknown
 	__u64 req_seq;
+	// With GT_PY_F_EAGER: the asyncio Task whose context this is (0 when
+	// the birth was not a Task's). A link counts only while its owner is
+	// the running task: an eager task's context is born unseen, usually at
+	// the address of a dead Task's context whose link is still here.
+	__u64 owner;
 };
 
 // gt_py_spawners value: a spawner context and the server connection whose
@@ -155,6 +168,13 @@ enum gt_py_reg {
 	GT_PY_REG_R15 = 14,
 };
 
+// Or'ed into a call-site probe's cookie: the register holds the Task
+// Task.__init__ is starting, not a context; the context is at its
+// task_context (GT_PY_F_EAGER).
+enum gt_py_site_flag {
+	GT_PY_SITE_TASK = 0x100,
+};
+
 // Outcome of gt_py_context, counted per CPU in gt_py_stats.
 enum gt_py_status {
 	GT_PY_OK = 0,
@@ -173,5 +193,7 @@ enum gt_py_status {
 	GT_PY_UV_SKIPPED = 13,  // (counter only) uvloop writes of a buffer type the probe does not read
 	GT_PY_LINKED_SITE = 14, // (counter only) of GT_PY_LINKED, those written by a call-site probe
 	GT_PY_NOT_TASK = 15,    // (counter only) with GT_PY_F_TASKS, links not trusted: the context was not the running task's
-	GT_PY_STAT_MAX = 16,
+	GT_PY_EAGER = 16,       // (counter only) with GT_PY_F_EAGER, links made in an eager step
+	GT_PY_STALE = 17,       // (counter only) with GT_PY_F_EAGER, links dropped: another Task owned them
+	GT_PY_STAT_MAX = 18,
 };

@@ -74,7 +74,10 @@ func (p *pyTargets) sites(pid int, in *python.Interpreter) {
 	// the second time with a new generation before any syscall could see
 	// the first.
 	_ = old.Close()
-	p.t.log.Debug("asyncio link probes on the call sites", "pid", pid, "tasks_only", tasks)
+	if tasks && layout.EagerErr != nil {
+		p.t.log.Info("asyncio link probe on every Task birth, eager ones included (a trap each)", "pid", pid, "why", layout.EagerErr)
+	}
+	p.t.log.Debug("asyncio link probes on the call sites", "pid", pid, "tasks_only", tasks, "lazy_tasks_only", layout.Eager)
 	go p.watchSites(pid, in, sp, key)
 }
 

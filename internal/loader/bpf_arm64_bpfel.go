@@ -337,6 +337,7 @@ type bpfGtPyLink struct {
 	Pad     uint16
 	ReqConn uint64
 	ReqSeq  uint64
+	Owner   uint64
 }
 
 type bpfGtPyParams struct {
@@ -391,6 +392,7 @@ type bpfGtPyScratch struct {
 	_         structs.HostLayout
 	Wk        bpfGtPyWbufKey
 	Sp        bpfGtPySpawner
+	Nl        bpfGtPyLink
 	Ctx       uint64
 	Root      uint64
 	CauseConn uint64
@@ -399,6 +401,12 @@ type bpfGtPyScratch struct {
 	_         [7]byte
 	Tv        bpfGtPyThread
 }
+
+type bpfGtPySiteFlag uint32
+
+const (
+	bpfGtPySiteFlagGT_PY_SITE_TASK bpfGtPySiteFlag = 256
+)
 
 type bpfGtPySpawner struct {
 	_      structs.HostLayout
@@ -427,7 +435,9 @@ const (
 	bpfGtPyStatusGT_PY_UV_SKIPPED  bpfGtPyStatus = 13
 	bpfGtPyStatusGT_PY_LINKED_SITE bpfGtPyStatus = 14
 	bpfGtPyStatusGT_PY_NOT_TASK    bpfGtPyStatus = 15
-	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 16
+	bpfGtPyStatusGT_PY_EAGER       bpfGtPyStatus = 16
+	bpfGtPyStatusGT_PY_STALE       bpfGtPyStatus = 17
+	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 18
 )
 
 type bpfGtPyThread struct {
@@ -833,6 +843,7 @@ const (
 	bpfVarGtContractProf        = "gt_contract_prof"
 	bpfVarGtContractProvider    = "gt_contract_provider"
 	bpfVarGtContractPyReg       = "gt_contract_py_reg"
+	bpfVarGtContractPySiteFlag  = "gt_contract_py_site_flag"
 	bpfVarGtContractPyStatus    = "gt_contract_py_status"
 	bpfVarGtContractRole        = "gt_contract_role"
 	bpfVarGtContractSide        = "gt_contract_side"
@@ -969,6 +980,7 @@ type bpfVariableSpecs struct {
 	GtContractProf       *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
 	GtContractPyReg      *ebpf.VariableSpec `ebpf:"gt_contract_py_reg"`
+	GtContractPySiteFlag *ebpf.VariableSpec `ebpf:"gt_contract_py_site_flag"`
 	GtContractPyStatus   *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
 	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
@@ -1090,6 +1102,7 @@ type bpfVariables struct {
 	GtContractProf       *ebpf.Variable `ebpf:"gt_contract_prof"`
 	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
 	GtContractPyReg      *ebpf.Variable `ebpf:"gt_contract_py_reg"`
+	GtContractPySiteFlag *ebpf.Variable `ebpf:"gt_contract_py_site_flag"`
 	GtContractPyStatus   *ebpf.Variable `ebpf:"gt_contract_py_status"`
 	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`

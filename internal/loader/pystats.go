@@ -27,6 +27,8 @@ var pyStatNames = map[uint32]string{
 	uint32(bpfGtPyStatusGT_PY_UV_SKIPPED):  "uv_skipped",
 	uint32(bpfGtPyStatusGT_PY_LINKED_SITE): "linked_site",
 	uint32(bpfGtPyStatusGT_PY_NOT_TASK):    "not_task",
+	uint32(bpfGtPyStatusGT_PY_EAGER):       "eager",
+	uint32(bpfGtPyStatusGT_PY_STALE):       "stale",
 }
 
 // pyStatMax is the number of gt_py_stats slots.

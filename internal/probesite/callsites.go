@@ -23,6 +23,9 @@ type CallSite struct {
 	// call and Probe: where the caller keeps it, e.g. the field of the
 	// object it initialises (internal/python tells a Task's context by it).
 	Stores []int64
+	// Holder: Reg holds the object the caller stores into after the call,
+	// not the call's result (FindHolderCalls); Probe is the call itself.
+	Holder bool
 }
 
 // Calls is every way code in one x86-64 ELF file reaches a function: the

@@ -137,3 +137,41 @@ func TestFamily(t *testing.T) {
 		}
 	}
 }
+
+// storeAfter finds the register that holds the object a caller writes into
+// after a call (FindHolderCalls): sid's inlined register_task, and what
+// must keep a store from counting.
+func TestStoreAfter(t *testing.T) {
+	var (
+		leaR15     = []byte{0x49, 0x8d, 0x97, 0x98, 0x00, 0x00, 0x00} // lea 0x98(%r15),%rdx
+		loadRax    = []byte{0x48, 0x8b, 0x88, 0x78, 0x03, 0x00, 0x00} // mov 0x378(%rax),%rcx
+		storeR15   = []byte{0x49, 0x89, 0xb7, 0x98, 0x00, 0x00, 0x00} // mov %rsi,0x98(%r15)
+		store32    = []byte{0x41, 0x89, 0xb7, 0x98, 0x00, 0x00, 0x00} // mov %esi,0x98(%r15)
+		storeOther = []byte{0x49, 0x89, 0xb7, 0xa0, 0x00, 0x00, 0x00} // mov %rsi,0xa0(%r15)
+		storeRdx   = []byte{0x48, 0x89, 0xb2, 0x98, 0x00, 0x00, 0x00} // mov %rsi,0x98(%rdx)
+		movR15Rax  = []byte{0x49, 0x89, 0xc7}                         // mov %rax,%r15
+		je         = []byte{0x74, 0x10}
+		ret        = []byte{0xc3}
+	)
+	for _, c := range []struct {
+		name string
+		code []byte
+		reg  x86asm.Reg // 0: none
+	}{
+		{"register_task (sid's Task.__init__)", cat(call, leaR15, loadRax, storeR15, ret), x86asm.R15},
+		{"another field only", cat(call, storeOther, ret), 0},
+		{"a 32-bit store", cat(call, store32, ret), 0},
+		{"through a register the call clobbers", cat(call, storeRdx, ret), 0},
+		{"the base written after the call", cat(call, movR15Rax, storeR15, ret), 0},
+		{"a branch before the store", cat(call, je, storeR15, ret), 0},
+		{"returned before it", cat(call, ret, storeR15), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, f := fn(t, c.code)
+			reg, ok := storeAfter(f, 0, 0x98)
+			if ok != (c.reg != 0) || reg != c.reg {
+				t.Fatalf("got %v, %v; want %v", reg, ok, c.reg)
+			}
+		})
+	}
+}

@@ -38,7 +38,7 @@ type Params struct {
 	// PyThreadState.context_ver, which every context enter and exit bumps
 	// (the read rule of the copy probe); 0 turns that rule off.
 	TstateContextVer uint16
-	Flags            uint16 // FlagUVWrite, FlagTasks
+	Flags            uint16 // FlagUVWrite, FlagTasks, FlagEager
 	// With FlagTasks: _PyThreadStateImpl.asyncio_running_task and
 	// .asyncio_running_loop, TaskObj.task_context (TaskLayout).
 	TstateRunningTask uint16
@@ -56,6 +56,10 @@ const (
 	// (AttachTaskProbes), so the kernel trusts a context's link only while
 	// it is the running task's context.
 	FlagTasks = 2
+	// FlagEager (GT_PY_F_EAGER): with FlagTasks, the probe sees only lazily
+	// started Tasks' births and records each link's owner; an eager task's
+	// link is made in its eager step (TaskLayout.Eager).
+	FlagEager = 4
 )
 
 // Link is the gt_py_links map value (struct gt_py_link), keyed by context
@@ -71,6 +75,9 @@ type Link struct {
 	// kernel; 0 when unknown (see bpf/common/python_contract.h).
 	ReqConn uint64
 	ReqSeq  uint64
+	// With FlagEager: the Task whose context this is; 0 when the birth was
+	// not seen as a Task's.
+	Owner uint64
 }
 
 // CtxID is a context identity as the kernel reports it (http_event.py_ctx,
@@ -118,7 +125,9 @@ const (
 	StatUVSkipped  Status = 13
 	StatLinkedSite Status = 14
 	StatNotTask    Status = 15
-	statMax        Status = 16 // checked against the C enum by TestStatusContract
+	StatEager      Status = 16
+	StatStale      Status = 17
+	statMax        Status = 18 // checked against the C enum by TestStatusContract
 )
 
 func (s Status) String() string {
@@ -155,6 +164,10 @@ func (s Status) String() string {
 		return "linked_site"
 	case StatNotTask:
 		return "not_task"
+	case StatEager:
+		return "eager"
+	case StatStale:
+		return "stale"
 	}
 	return fmt.Sprintf("status(%d)", int32(s))
 }

@@ -35,6 +35,10 @@ var siteRegs = map[x86asm.Reg]uint64{
 	x86asm.R8: 7, x86asm.R9: 8, x86asm.R10: 9, x86asm.R11: 10, x86asm.R12: 11, x86asm.R13: 12, x86asm.R14: 13, x86asm.R15: 14,
 }
 
+// regTask is or'ed into the cookie of a probe whose register holds a Task,
+// not a context (GT_PY_SITE_TASK).
+const regTask = 0x100
+
 // copyModule is one mapped file that defines or imports PyContext_CopyCurrent.
 type copyModule struct {
 	path string // as mapped
@@ -243,6 +247,9 @@ func (in *Interpreter) attachCalls(p *Probes, f *elf.File, m copyModule, c *prob
 		cookie, ok := siteRegs[s.Reg]
 		if !ok {
 			return fmt.Errorf("%s: the call at %#x leaves the context in %v, which no probe reads", m.path, s.Call, s.Reg)
+		}
+		if s.Holder {
+			cookie |= regTask
 		}
 		off, err := probesite.FileOffset(f, s.Probe)
 		if err != nil {

@@ -32,11 +32,20 @@ type TaskLayout struct {
 	RunningTask uint16 // _PyThreadStateImpl.asyncio_running_task
 	RunningLoop uint16 // _PyThreadStateImpl.asyncio_running_loop
 	TaskContext uint16 // TaskObj.task_context
+	// Eager: the probe sits on Task.__init__'s register_task after
+	// task_call_step_soon, which eager starts skip (FlagEager).
+	Eager bool
+	// EagerErr: why it could not (the probe stays on the copy).
+	EagerErr error
 }
 
-// Apply sets params up for task-only links: FlagTasks and the layout.
+// Apply sets params up for task-only links: FlagTasks (and FlagEager) and
+// the layout.
 func (l TaskLayout) Apply(params *Params) {
 	params.Flags |= FlagTasks
+	if l.Eager {
+		params.Flags |= FlagEager
+	}
 	params.TstateRunningTask, params.TstateRunningLoop, params.TaskContext = l.RunningTask, l.RunningLoop, l.TaskContext
 }
 
@@ -104,6 +113,40 @@ func taskSites(c *probesite.Calls, l TaskLayout) *probesite.Calls {
 // (cost comparisons; a fallback should task-only links misbehave).
 var tasksOff = os.Getenv("GYMTRACE_PY_TASKS") == "0"
 
+// eagerOff: GYMTRACE_PY_EAGER=0 keeps the probe on Task.__init__'s copy,
+// which eager starts reach too (cost comparisons; a fallback).
+var eagerOff = os.Getenv("GYMTRACE_PY_EAGER") == "0"
+
+// lazySite moves the Task probe from Task.__init__'s copy of the context
+// (copy, in the module at path) to the place only lazily started Tasks
+// reach: the inlined register_task after task_call_step_soon, a call of
+// _PyThreadState_GetCurrent followed by the stores into the Task's
+// task_node, the field after task_context (3.14's _asynciomodule.c). An
+// eager start registers the Task in task_eager_start instead, which GCC
+// keeps out of Task.__init__'s function (sid's build: in its cold part).
+// There must be exactly one such call in the copy's function, after the
+// copy.
+func lazySite(f *elf.File, copy probesite.CallSite, l TaskLayout) (probesite.CallSite, error) {
+	sites, err := probesite.FindHolderCalls(f, "_PyThreadState_GetCurrent", copy.Call, int64(l.TaskContext)+8)
+	if err != nil {
+		return probesite.CallSite{}, err
+	}
+	if len(sites) != 1 || sites[0].Call < copy.Call {
+		return probesite.CallSite{}, fmt.Errorf("%d registrations of a Task after the thread-state lookup in Task.__init__ (the copy at %#x), want 1 after the copy",
+			len(sites), copy.Call)
+	}
+	return sites[0], nil
+}
+
+func lazySiteOf(path string, copy probesite.CallSite, l TaskLayout) (probesite.CallSite, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return probesite.CallSite{}, err
+	}
+	defer f.Close()
+	return lazySite(f, copy, l)
+}
+
 // AttachTaskProbes attaches the link probe to Task.__init__'s copy of the
 // context only (plus the return probes of contextvars.copy_context and
 // contextvars.Context(), whose results a Task may be given), filtered to
@@ -159,6 +202,13 @@ func (in *Interpreter) AttachTaskProbes(site, ret *ebpf.Program) (io.Closer, Tas
 			if len(t.Sites) != 1 {
 				return fail(fmt.Errorf("%s: %d of its %d copies are stored as a Task's context (offset %d), want 1",
 					m.path, len(t.Sites), len(c.Sites), l.TaskContext))
+			}
+			if !eagerOff {
+				if s, err := lazySiteOf(m.open, t.Sites[0], l); err == nil {
+					t.Sites[0], l.Eager = s, true
+				} else {
+					l.EagerErr = fmt.Errorf("%s: %w", m.path, err)
+				}
 			}
 			plan = append(plan, planned{m, t})
 		case !errors.Is(fc.layoutErr, ErrNoTaskLayout):

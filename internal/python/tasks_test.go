@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"golang.org/x/arch/x86/x86asm"
+
 	"github.com/gymtrace/gymtrace/internal/probesite"
 	"github.com/gymtrace/gymtrace/test/testproc"
 )
@@ -33,6 +35,16 @@ func TestTaskLayoutDebian(t *testing.T) {
 		if len(c.Sites) != 2 || len(ts.Sites) != 1 {
 			t.Fatalf("%d of %d sites stored as a Task's context, want 1 of 2 (%+v)", len(ts.Sites), len(c.Sites), c.Sites)
 		}
+		// Past eager starts: the inlined register_task after
+		// task_call_step_soon, the Task in %r15 (mov %rsi,0x98(%r15)).
+		// task_eager_start's own registration is in another function.
+		lazy, err := lazySite(f, ts.Sites[0], l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lazy.Holder || lazy.Reg != x86asm.R15 || lazy.Probe != lazy.Call || lazy.Call <= ts.Sites[0].Call {
+			t.Fatalf("lazy Task site %+v (the copy at %#x), want a call after the copy, the Task in R15", lazy, ts.Sites[0].Call)
+		}
 	})
 	t.Run("3.13", func(t *testing.T) {
 		f := testproc.OpenELF(t, trixieRoot+"/usr/lib/python3.13/lib-dynload/_asyncio.cpython-313-x86_64-linux-gnu.so")
@@ -43,28 +55,31 @@ func TestTaskLayoutDebian(t *testing.T) {
 }
 
 // TestKernelTaskLinks runs ctx_sender.py on Gym's runtime (sid: CPython
-// 3.14, uvloop) with the task-only link probes and FlagTasks, then with the
+// 3.14, uvloop) with the task-only link probes and FlagTasks, on lazily
+// started Tasks only (FlagEager) and on every Task birth, then with the
 // return probe on every copy. With task-only links every send made in a
 // task, or in asyncio.to_thread's worker, carries its request's root as
 // before, a send from a call_soon callback (a handle's context, born
 // unseen) carries none and no generation (never another request's), and
-// fewer copies are linked.
+// fewer copies are linked. With FlagEager the eager tasks' links are made
+// in their eager steps, and fewer births are probed than with every Task's.
 func TestKernelTaskLinks(t *testing.T) {
 	if !SiteProbesWanted() {
 		t.Skip("task-only links use call-site probes: x86-64 only (or GYMTRACE_PY_SITES=0)")
 	}
 	linked := map[senderProbes]uint64{}
-	for _, mode := range []senderProbes{taskLinks, retLinks} {
-		name := map[senderProbes]string{taskLinks: "tasks", retLinks: "every_copy"}[mode]
+	for _, mode := range []senderProbes{lazyTaskLinks, taskLinks, retLinks} {
+		name := map[senderProbes]string{lazyTaskLinks: "lazy_tasks", taskLinks: "tasks", retLinks: "every_copy"}[mode]
 		t.Run(name, func(t *testing.T) {
 			objs := loadTestObjects(t)
 			attachTP(t, "sys_enter_sendto", objs.PytestSendto)
 			attachTP(t, "sys_enter_recvfrom", objs.PytestRecvEnter)
 			attachTP(t, "sys_exit_recvfrom", objs.PytestRecvExit)
 			events, in := runSender(t, "sid", objs, mode, "uvloop")
-			kinds, requests := checkSends(t, events, mode == taskLinks)
+			kinds, requests := checkSends(t, events, mode)
 			t.Logf("CPython %s on uvloop, %s: %d sends checked: %v", in.Version, name, len(events), kinds)
-			for _, k := range []string{"explicit", "request", "task", "gather", "nested", "eager", "soon", "thread"} {
+			for _, k := range []string{"explicit", "request", "task", "gather", "nested", "eager", "eager_later",
+				"eager_quiet", "eager_chain", "soon", "thread"} {
 				if kinds[k] == 0 {
 					t.Errorf("no %q sends seen", k)
 				}
@@ -74,14 +89,26 @@ func TestKernelTaskLinks(t *testing.T) {
 			}
 			logStats(t, objs.GtPyStats)
 			linked[mode] = statSum(t, objs, StatLinked)
-			if n := statSum(t, objs, StatNotTask); mode == taskLinks && n == 0 {
+			if n := statSum(t, objs, StatNotTask); mode != retLinks && n == 0 {
 				t.Error("no link was distrusted, yet call_soon callbacks sent")
+			}
+			// eager_child: its eager step sends, so its link is made there.
+			if n := statSum(t, objs, StatEager); mode == lazyTaskLinks && n < 8 {
+				t.Errorf("%d links made in eager steps, want at least 8 (one for each request's eager_child)", n)
+			} else if mode != lazyTaskLinks && n != 0 {
+				t.Errorf("%d links made in eager steps without FlagEager", n)
 			}
 		})
 	}
 	// 8 requests of 7 tasks each at least; the return probe also links
-	// every uvloop handle and done callback.
+	// every uvloop handle and done callback. Each request starts 4 eager
+	// tasks, which only taskLinks probes; lazyTaskLinks also sees the 9
+	// Tasks given a context (the 8 explicit ones, the main task), whose
+	// context taskLinks sees copied nowhere.
 	if tl, rl := linked[taskLinks], linked[retLinks]; tl > 0 && rl > 0 && (tl < 8*7 || tl >= rl) {
 		t.Errorf("task-only links: %d copies linked, every copy: %d; want at least 56 and fewer", tl, rl)
+	}
+	if el, tl := linked[lazyTaskLinks], linked[taskLinks]; el > 0 && tl > 0 && el+8*4 > tl+9 {
+		t.Errorf("lazily started tasks only: %d births linked, every Task: %d; want at least 23 fewer (32 eager, 9 given)", el, tl)
 	}
 }

@@ -12,7 +12,10 @@ send carries its own ground truth in its first bytes:
                      context as a reader, so task k must be its own root.
   "C <k> <kind>"     sent by a descendant of request task k: kind "task"
                      (create_task), "gather", "nested" (a child's child),
-                     "eager" (3.12+ eager_start), "soon" (call_soon callback),
+                     "eager" (3.12+ eager_start; "eager_later" after its
+                     first await, "eager_quiet" an eager task that sends only
+                     after it, "eager_chain" an eager task's eager child),
+                     "soon" (call_soon callback),
                      "thread" (asyncio.to_thread: a worker thread).
                      Each must carry request k's root.
 Then prints {"sent": n} and waits for stdin to close.
@@ -70,6 +73,22 @@ async def nested(k):
 async def eager_child(k):
     send(f"C {k} eager")  # before the first await: runs inside the creator's step
     await asyncio.sleep(0)
+    send(f"C {k} eager_later")  # a later step of the same eager task
+
+
+async def eager_quiet(k):
+    await asyncio.sleep(0)
+    send(f"C {k} eager_quiet")  # nothing sent in its eager step
+
+
+async def eager_send(k, kind):
+    send(f"C {k} {kind}")
+
+
+async def eager_outer(k):
+    # An eager task started by an eager task that has sent nothing yet.
+    loop = asyncio.get_running_loop()
+    await asyncio.Task(eager_send(k, "eager_chain"), loop=loop, eager_start=True)
 
 
 async def request(k):
@@ -82,6 +101,8 @@ async def request(k):
     await asyncio.create_task(nested(k))
     if sys.version_info >= (3, 12):
         await asyncio.Task(eager_child(k), loop=loop, eager_start=True)
+        await asyncio.Task(eager_quiet(k), loop=loop, eager_start=True)
+        await asyncio.Task(eager_outer(k), loop=loop, eager_start=True)
     fut = loop.create_future()
     loop.call_soon(lambda: (send(f"C {k} soon"), fut.set_result(None)))
     await fut

@@ -74,6 +74,10 @@ var twinRows = []twinConfig{
 	// `default` with a call-site probe on every context copy, not only
 	// Task.__init__'s (uvloop on 3.14): what task-only links save.
 	{Name: "default, every copy probed", Spec: "default", Env: []string{"GYMTRACE_PY_TASKS=0"}},
+	// `default` with the Task probe on Task.__init__'s copy, which eager
+	// starts (aiohttp's body writers) reach too: what leaving them
+	// unprobed saves.
+	{Name: "default, eager Task births probed", Spec: "default", Env: []string{"GYMTRACE_PY_EAGER=0"}},
 	{Name: "Gym telemetry default, no-op", GymTel: true},
 }
 

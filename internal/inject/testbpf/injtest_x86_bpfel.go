@@ -282,6 +282,7 @@ type injtestGtPyLink struct {
 	Pad     uint16
 	ReqConn uint64
 	ReqSeq  uint64
+	Owner   uint64
 }
 
 type injtestGtPyParams struct {
@@ -316,6 +317,7 @@ type injtestGtPyScratch struct {
 	_         structs.HostLayout
 	Wk        injtestGtPyWbufKey
 	Sp        injtestGtPySpawner
+	Nl        injtestGtPyLink
 	Ctx       uint64
 	Root      uint64
 	CauseConn uint64

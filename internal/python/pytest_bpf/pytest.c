@@ -16,6 +16,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 // Kept in BTF for TestSiteRegContract.
 enum gt_py_reg pytest_contract_py_reg __attribute__((unused));
+enum gt_py_site_flag pytest_contract_py_site_flag __attribute__((unused));
 
 #define PYTEST_DATA 160
 

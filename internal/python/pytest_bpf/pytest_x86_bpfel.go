@@ -150,6 +150,7 @@ type pytestGtPyLink struct {
 	Pad     uint16
 	ReqConn uint64
 	ReqSeq  uint64
+	Owner   uint64
 }
 
 type pytestGtPyParams struct {
@@ -204,6 +205,7 @@ type pytestGtPyScratch struct {
 	_         structs.HostLayout
 	Wk        pytestGtPyWbufKey
 	Sp        pytestGtPySpawner
+	Nl        pytestGtPyLink
 	Ctx       uint64
 	Root      uint64
 	CauseConn uint64
@@ -212,6 +214,12 @@ type pytestGtPyScratch struct {
 	_         [7]byte
 	Tv        pytestGtPyThread
 }
+
+type pytestGtPySiteFlag uint32
+
+const (
+	pytestGtPySiteFlagGT_PY_SITE_TASK pytestGtPySiteFlag = 256
+)
 
 type pytestGtPySpawner struct {
 	_      structs.HostLayout
@@ -240,7 +248,9 @@ const (
 	pytestGtPyStatusGT_PY_UV_SKIPPED  pytestGtPyStatus = 13
 	pytestGtPyStatusGT_PY_LINKED_SITE pytestGtPyStatus = 14
 	pytestGtPyStatusGT_PY_NOT_TASK    pytestGtPyStatus = 15
-	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 16
+	pytestGtPyStatusGT_PY_EAGER       pytestGtPyStatus = 16
+	pytestGtPyStatusGT_PY_STALE       pytestGtPyStatus = 17
+	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 18
 )
 
 type pytestGtPyThread struct {
@@ -381,44 +391,45 @@ type pytestPytestEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	pytestMapGtConfig            = "gt_config"
-	pytestMapGtConns             = "gt_conns"
-	pytestMapGtEvents            = "gt_events"
-	pytestMapGtProf              = "gt_prof"
-	pytestMapGtPyLinks           = "gt_py_links"
-	pytestMapGtPyProcs           = "gt_py_procs"
-	pytestMapGtPyScratch         = "gt_py_scratch"
-	pytestMapGtPySpawners        = "gt_py_spawners"
-	pytestMapGtPyStats           = "gt_py_stats"
-	pytestMapGtPyThreads         = "gt_py_threads"
-	pytestMapGtPyWbufs           = "gt_py_wbufs"
-	pytestMapGtRoutes            = "gt_routes"
-	pytestMapGtScratch           = "gt_scratch"
-	pytestMapGtStats             = "gt_stats"
-	pytestMapGtTargetBits        = "gt_target_bits"
-	pytestMapGtTargets           = "gt_targets"
-	pytestMapPytestEvents        = "pytest_events"
-	pytestMapPytestLastResp      = "pytest_last_resp"
-	pytestMapPytestRecvBuf       = "pytest_recv_buf"
-	pytestProgGtPyCopyRet        = "gt_py_copy_ret"
-	pytestProgGtPyCopySite       = "gt_py_copy_site"
-	pytestProgPytestCostBase     = "pytest_cost_base"
-	pytestProgPytestCostCtx      = "pytest_cost_ctx"
-	pytestProgPytestRecvEnter    = "pytest_recv_enter"
-	pytestProgPytestRecvExit     = "pytest_recv_exit"
-	pytestProgPytestSendto       = "pytest_sendto"
-	pytestProgPytestWrite        = "pytest_write"
-	pytestVarGtNextConnId        = "gt_next_conn_id"
-	pytestVarGtProfSkip          = "gt_prof_skip"
-	pytestVarGtProfTime          = "gt_prof_time"
-	pytestVarGtWakeupBytes       = "gt_wakeup_bytes"
-	pytestVarPytestContractPyReg = "pytest_contract_py_reg"
-	pytestVarPytestSink          = "pytest_sink"
-	pytestVarUnusedPyLink        = "unused_py_link"
-	pytestVarUnusedPyParams      = "unused_py_params"
-	pytestVarUnusedPyStatus      = "unused_py_status"
-	pytestVarUnusedPyThread      = "unused_py_thread"
-	pytestVarUnusedPytestEvent   = "unused_pytest_event"
+	pytestMapGtConfig                 = "gt_config"
+	pytestMapGtConns                  = "gt_conns"
+	pytestMapGtEvents                 = "gt_events"
+	pytestMapGtProf                   = "gt_prof"
+	pytestMapGtPyLinks                = "gt_py_links"
+	pytestMapGtPyProcs                = "gt_py_procs"
+	pytestMapGtPyScratch              = "gt_py_scratch"
+	pytestMapGtPySpawners             = "gt_py_spawners"
+	pytestMapGtPyStats                = "gt_py_stats"
+	pytestMapGtPyThreads              = "gt_py_threads"
+	pytestMapGtPyWbufs                = "gt_py_wbufs"
+	pytestMapGtRoutes                 = "gt_routes"
+	pytestMapGtScratch                = "gt_scratch"
+	pytestMapGtStats                  = "gt_stats"
+	pytestMapGtTargetBits             = "gt_target_bits"
+	pytestMapGtTargets                = "gt_targets"
+	pytestMapPytestEvents             = "pytest_events"
+	pytestMapPytestLastResp           = "pytest_last_resp"
+	pytestMapPytestRecvBuf            = "pytest_recv_buf"
+	pytestProgGtPyCopyRet             = "gt_py_copy_ret"
+	pytestProgGtPyCopySite            = "gt_py_copy_site"
+	pytestProgPytestCostBase          = "pytest_cost_base"
+	pytestProgPytestCostCtx           = "pytest_cost_ctx"
+	pytestProgPytestRecvEnter         = "pytest_recv_enter"
+	pytestProgPytestRecvExit          = "pytest_recv_exit"
+	pytestProgPytestSendto            = "pytest_sendto"
+	pytestProgPytestWrite             = "pytest_write"
+	pytestVarGtNextConnId             = "gt_next_conn_id"
+	pytestVarGtProfSkip               = "gt_prof_skip"
+	pytestVarGtProfTime               = "gt_prof_time"
+	pytestVarGtWakeupBytes            = "gt_wakeup_bytes"
+	pytestVarPytestContractPyReg      = "pytest_contract_py_reg"
+	pytestVarPytestContractPySiteFlag = "pytest_contract_py_site_flag"
+	pytestVarPytestSink               = "pytest_sink"
+	pytestVarUnusedPyLink             = "unused_py_link"
+	pytestVarUnusedPyParams           = "unused_py_params"
+	pytestVarUnusedPyStatus           = "unused_py_status"
+	pytestVarUnusedPyThread           = "unused_py_thread"
+	pytestVarUnusedPytestEvent        = "unused_pytest_event"
 )
 
 // loadPytest returns the embedded CollectionSpec for pytest.
@@ -502,17 +513,18 @@ type pytestMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pytestVariableSpecs struct {
-	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
-	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
-	GtProfTime          *ebpf.VariableSpec `ebpf:"gt_prof_time"`
-	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
-	PytestContractPyReg *ebpf.VariableSpec `ebpf:"pytest_contract_py_reg"`
-	PytestSink          *ebpf.VariableSpec `ebpf:"pytest_sink"`
-	UnusedPyLink        *ebpf.VariableSpec `ebpf:"unused_py_link"`
-	UnusedPyParams      *ebpf.VariableSpec `ebpf:"unused_py_params"`
-	UnusedPyStatus      *ebpf.VariableSpec `ebpf:"unused_py_status"`
-	UnusedPyThread      *ebpf.VariableSpec `ebpf:"unused_py_thread"`
-	UnusedPytestEvent   *ebpf.VariableSpec `ebpf:"unused_pytest_event"`
+	GtNextConnId             *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip               *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime               *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtWakeupBytes            *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
+	PytestContractPyReg      *ebpf.VariableSpec `ebpf:"pytest_contract_py_reg"`
+	PytestContractPySiteFlag *ebpf.VariableSpec `ebpf:"pytest_contract_py_site_flag"`
+	PytestSink               *ebpf.VariableSpec `ebpf:"pytest_sink"`
+	UnusedPyLink             *ebpf.VariableSpec `ebpf:"unused_py_link"`
+	UnusedPyParams           *ebpf.VariableSpec `ebpf:"unused_py_params"`
+	UnusedPyStatus           *ebpf.VariableSpec `ebpf:"unused_py_status"`
+	UnusedPyThread           *ebpf.VariableSpec `ebpf:"unused_py_thread"`
+	UnusedPytestEvent        *ebpf.VariableSpec `ebpf:"unused_pytest_event"`
 }
 
 // pytestObjects contains all objects after they have been loaded into the kernel.
@@ -584,17 +596,18 @@ func (m *pytestMaps) Close() error {
 //
 // It can be passed to loadPytestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pytestVariables struct {
-	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
-	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
-	GtProfTime          *ebpf.Variable `ebpf:"gt_prof_time"`
-	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
-	PytestContractPyReg *ebpf.Variable `ebpf:"pytest_contract_py_reg"`
-	PytestSink          *ebpf.Variable `ebpf:"pytest_sink"`
-	UnusedPyLink        *ebpf.Variable `ebpf:"unused_py_link"`
-	UnusedPyParams      *ebpf.Variable `ebpf:"unused_py_params"`
-	UnusedPyStatus      *ebpf.Variable `ebpf:"unused_py_status"`
-	UnusedPyThread      *ebpf.Variable `ebpf:"unused_py_thread"`
-	UnusedPytestEvent   *ebpf.Variable `ebpf:"unused_pytest_event"`
+	GtNextConnId             *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip               *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime               *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtWakeupBytes            *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
+	PytestContractPyReg      *ebpf.Variable `ebpf:"pytest_contract_py_reg"`
+	PytestContractPySiteFlag *ebpf.Variable `ebpf:"pytest_contract_py_site_flag"`
+	PytestSink               *ebpf.Variable `ebpf:"pytest_sink"`
+	UnusedPyLink             *ebpf.Variable `ebpf:"unused_py_link"`
+	UnusedPyParams           *ebpf.Variable `ebpf:"unused_py_params"`
+	UnusedPyStatus           *ebpf.Variable `ebpf:"unused_py_status"`
+	UnusedPyThread           *ebpf.Variable `ebpf:"unused_py_thread"`
+	UnusedPytestEvent        *ebpf.Variable `ebpf:"unused_pytest_event"`
 }
 
 // pytestPrograms contains all programs after they have been loaded into the kernel.

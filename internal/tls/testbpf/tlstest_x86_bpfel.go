@@ -217,6 +217,7 @@ type tlstestGtPyLink struct {
 	Pad     uint16
 	ReqConn uint64
 	ReqSeq  uint64
+	Owner   uint64
 }
 
 type tlstestGtPyParams struct {
@@ -251,6 +252,7 @@ type tlstestGtPyScratch struct {
 	_         structs.HostLayout
 	Wk        tlstestGtPyWbufKey
 	Sp        tlstestGtPySpawner
+	Nl        tlstestGtPyLink
 	Ctx       uint64
 	Root      uint64
 	CauseConn uint64
