@@ -118,7 +118,7 @@ var tasksOff = os.Getenv("GYMTRACE_PY_TASKS") == "0"
 var eagerOff = os.Getenv("GYMTRACE_PY_EAGER") == "0"
 
 // lazySite moves the Task probe from Task.__init__'s copy of the context
-// (copy, in the module at path) to the place only lazily started Tasks
+// (copy, in f, the _asyncio module) to the place only lazily started Tasks
 // reach: the inlined register_task after task_call_step_soon, a call of
 // _PyThreadState_GetCurrent followed by the stores into the Task's
 // task_node, the field after task_context (3.14's _asynciomodule.c). An
@@ -148,7 +148,8 @@ func lazySiteOf(path string, copy probesite.CallSite, l TaskLayout) (probesite.C
 }
 
 // AttachTaskProbes attaches the link probe to Task.__init__'s copy of the
-// context only (plus the return probes of contextvars.copy_context and
+// context only, or where it can, past eager starts, to its register_task
+// (lazySite, TaskLayout.Eager; plus the return probes of contextvars.copy_context and
 // contextvars.Context(), whose results a Task may be given), filtered to
 // the process, and returns the layout the kernel then needs (Params,
 // FlagTasks) and the key of the modules covered (see AttachSiteProbes).
