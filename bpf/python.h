@@ -237,16 +237,24 @@ static __always_inline __u64 gt_py_ctx_id(__u64 addr, struct gt_py_link **link)
 // for each step of a native Task and enters its context around it, eager
 // starts included. A thread with no loop (asyncio.to_thread's workers) only
 // enters contexts copy_context made, which the probe still sees.
-// *task: the running task when that is why addr is trusted, else 0.
-static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts, __u64 addr, __u64 *task)
+// *task: the running task when that is why addr is trusted, else 0, and
+// *name its task_name object.
+static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts, __u64 addr, __u64 *task,
+					 __u64 *name)
 {
 	*task = 0;
+	*name = 0;
 	if (!(p->flags & GT_PY_F_TASKS))
 		return 1;
 	__u64 t = gt_py_read_u64(ts + p->tstate_running_task);
 	if (t) {
-		if ((gt_py_read_u64(t + p->task_context) & GT_PY_ADDR_MASK) == (addr & GT_PY_ADDR_MASK)) {
+		// TaskObj's task_name sits right before task_context
+		// (internal/python.readTaskLayout checks it): one read for both.
+		__u64 nc[2] = {};
+		bpf_probe_read_user(nc, sizeof(nc), (const void *)(t + p->task_context - 8));
+		if ((nc[1] & GT_PY_ADDR_MASK) == (addr & GT_PY_ADDR_MASK)) {
 			*task = t & GT_PY_ADDR_MASK;
+			*name = nc[0];
 			return 1;
 		}
 	} else if (!gt_py_read_u64(ts + p->tstate_running_loop)) {
@@ -254,6 +262,21 @@ static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts,
 	}
 	gt_py_stat(GT_PY_NOT_TASK);
 	return 0;
+}
+
+// gt_py_task_serial: the serial of a 3.14 Task whose name object is name:
+// the value of the int counter Task.__init__ gives an unnamed Task (it is
+// formatted into "Task-N" only when someone asks for the name), 0 for any
+// other name. Read as a PyLong's lv_tag and first 30-bit digit after the
+// object's 16-byte header: unique among a module's Tasks up to 2^30 of them.
+static __always_inline __u64 gt_py_task_serial(const struct gt_py_params *p, __u64 name)
+{
+	__u64 o[4] = {}; // ob_refcnt, ob_type, lv_tag, ob_digit[0..1]
+	if (!name || !p->long_type || bpf_probe_read_user(o, sizeof(o), (const void *)name))
+		return 0;
+	if (o[1] != p->long_type)
+		return 0;
+	return (o[2] << 32) ^ (o[3] & 0x3fffffff) ^ (1ULL << 63);
 }
 
 // gt_py_eager (GT_PY_F_EAGER): the link of addr, the context of the running
@@ -264,8 +287,10 @@ static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts,
 // address of an earlier Task (docs/python-causality.md, "Eager tasks").
 // Two things tell it apart:
 // - the owner: a link counts only while the Task that owns it is the
-//   running one. A dead Task's address is reused far less often than its
-//   context's (0.7 % of eager births took both);
+//   running one: the same address and, while both names are still their
+//   counters, the same serial (gt_py_task_serial). A dead Task's address
+//   is reused far less often than its context's (0.7 % of eager births
+//   took both), its serial never;
 // - in the eager step, ctx_prev: _PyContext_Enter saved the creator's
 //   context there, a context whose own link is owned by a Task that still
 //   holds it (the creator, inside whose step this one runs). The link must
@@ -274,11 +299,19 @@ static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts,
 //   ctx_prev is the loop's base context, which no Task owns.
 // What is left: an eager task that makes no traced call in its eager step
 // and whose Task and context addresses both repeat those of a dead linked
-// Task, which the owner check then cannot see.
+// Task that was named (or whose own name is formatted by then): the owner
+// check then cannot tell them apart.
 static __always_inline struct gt_py_link *gt_py_eager(const struct gt_py_params *p, __u64 addr, __u64 task,
-						      struct gt_py_link *l)
+						      __u64 name, struct gt_py_link *l)
 {
-	if (l && l->owner && l->owner != task) {
+	__u64 serial = 0; // read once, where it is needed
+	int stale = l && l->owner && l->owner != task;
+	if (l && !stale && l->owner && l->owner_serial) {
+		serial = gt_py_task_serial(p, name);
+		// While its name is still the counter, another one is another Task.
+		stale = serial && serial != l->owner_serial;
+	}
+	if (stale) {
 		gt_py_stat(GT_PY_STALE);
 		l = 0;
 	}
@@ -307,6 +340,7 @@ static __always_inline struct gt_py_link *gt_py_eager(const struct gt_py_params 
 	nl->req_conn = pl->req_conn;
 	nl->req_seq = pl->req_seq;
 	nl->owner = task;
+	nl->owner_serial = serial ? serial : gt_py_task_serial(p, name);
 	if (cl) {
 		*cl = *nl;
 	} else {
@@ -325,21 +359,21 @@ static __always_inline __u64 gt_py_known_id(const struct gt_py_params *p, __u64 
 					    struct gt_py_link **link)
 {
 	__u64 id = gt_py_ctx_id(addr, link);
-	__u64 task;
+	__u64 task, name;
 	if (!(p->flags & GT_PY_F_EAGER)) {
-		if (*link && !gt_py_trusted(p, ts, addr, &task)) {
+		if (*link && !gt_py_trusted(p, ts, addr, &task, &name)) {
 			*link = 0;
 			return addr & GT_PY_ADDR_MASK;
 		}
 		return id;
 	}
 	addr &= GT_PY_ADDR_MASK;
-	if (!gt_py_trusted(p, ts, addr, &task)) {
+	if (!gt_py_trusted(p, ts, addr, &task, &name)) {
 		*link = 0;
 		return addr;
 	}
 	if (task)
-		*link = gt_py_eager(p, addr, task, *link);
+		*link = gt_py_eager(p, addr, task, name, *link);
 	return *link ? addr | ((__u64)(*link)->gen << GT_PY_GEN_SHIFT) : addr;
 }
 

@@ -182,6 +182,7 @@ static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task)
 		.req_conn = req_conn,
 		.req_seq = req_seq,
 		.owner = task,
+		.owner_serial = task ? gt_py_task_serial(p, gt_py_read_u64(task + p->task_context - 8)) : 0,
 	};
 	if (cl)
 		*cl = l; // in place: no LRU list work on the hot path

@@ -34,6 +34,7 @@ struct gt_py_params {
 	__u64 memoryview_type; // PyMemoryView_Type
 	__u64 list_type;       // PyList_Type
 	__u64 tuple_type;      // PyTuple_Type
+	__u64 long_type;       // PyLong_Type (GT_PY_F_EAGER: a Task's name counter)
 	__u32 version;      // PY_VERSION_HEX, e.g. 0x030b02f0
 	__u16 runtime_interp_head; // _PyRuntimeState.interpreters.head
 	__u16 interp_next;         // PyInterpreterState.next
@@ -136,6 +137,10 @@ struct gt_py_link {
 	// the running task: an eager task's context is born unseen, usually at
 	// the address of a dead Task's context whose link is still here.
 	__u64 owner;
+	// ... and that Task's serial: the value of its name while that is
+	// still the int counter 3.14 gives an unnamed Task (0: another name).
+	// Tells a new Task at a dead one's address apart.
+	__u64 owner_serial;
 };
 
 // gt_py_spawners value: a spawner context and the server connection whose

@@ -25,8 +25,9 @@ const (
 )
 
 // The buffer and sequence types the uvloop write probe recognises, by their
-// exported type objects.
-var typeSymbols = []string{"PyBytes_Type", "PyByteArray_Type", "PyMemoryView_Type", "PyList_Type", "PyTuple_Type"}
+// exported type objects, then PyLong_Type (a 3.14 Task's name counter,
+// gt_py_task_serial).
+var typeSymbols = []string{"PyBytes_Type", "PyByteArray_Type", "PyMemoryView_Type", "PyList_Type", "PyTuple_Type", "PyLong_Type"}
 
 // ErrNotPython means the process maps no ELF that defines _PyRuntime.
 var ErrNotPython = errors.New("no CPython runtime in the process")
@@ -82,7 +83,7 @@ func InspectInterpreter(pid int) (*Interpreter, error) {
 	in.Params.Runtime = syms[symRuntime] + in.Bias
 	in.Params.ContextType = syms[symContextType] + in.Bias
 	for i, dst := range []*uint64{&in.Params.BytesType, &in.Params.ByteArrayType, &in.Params.MemoryViewType,
-		&in.Params.ListType, &in.Params.TupleType} {
+		&in.Params.ListType, &in.Params.TupleType, &in.Params.LongType} {
 		if a, ok := syms[typeSymbols[i]]; ok {
 			*dst = a + in.Bias
 		}

@@ -26,6 +26,7 @@ type Params struct {
 	MemoryViewType    uint64 // PyMemoryView_Type
 	ListType          uint64 // PyList_Type
 	TupleType         uint64 // PyTuple_Type
+	LongType          uint64 // PyLong_Type (a Task's name counter, FlagEager)
 	Version           uint32 // PY_VERSION_HEX
 	RuntimeInterpHead uint16
 	InterpNext        uint16
@@ -76,8 +77,9 @@ type Link struct {
 	ReqConn uint64
 	ReqSeq  uint64
 	// With FlagEager: the Task whose context this is; 0 when the birth was
-	// not seen as a Task's.
-	Owner uint64
+	// not seen as a Task's. OwnerSerial: its name counter, 0 if unknown.
+	Owner       uint64
+	OwnerSerial uint64
 }
 
 // CtxID is a context identity as the kernel reports it (http_event.py_ctx,

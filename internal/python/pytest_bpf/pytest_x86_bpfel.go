@@ -141,16 +141,17 @@ type pytestGtProfSlot struct {
 }
 
 type pytestGtPyLink struct {
-	_       structs.HostLayout
-	Parent  uint64
-	Root    uint64
-	BornNs  uint64
-	Tid     uint32
-	Gen     uint16
-	Pad     uint16
-	ReqConn uint64
-	ReqSeq  uint64
-	Owner   uint64
+	_           structs.HostLayout
+	Parent      uint64
+	Root        uint64
+	BornNs      uint64
+	Tid         uint32
+	Gen         uint16
+	Pad         uint16
+	ReqConn     uint64
+	ReqSeq      uint64
+	Owner       uint64
+	OwnerSerial uint64
 }
 
 type pytestGtPyParams struct {
@@ -164,6 +165,7 @@ type pytestGtPyParams struct {
 	MemoryviewType    uint64
 	ListType          uint64
 	TupleType         uint64
+	LongType          uint64
 	Version           uint32
 	RuntimeInterpHead uint16
 	InterpNext        uint16

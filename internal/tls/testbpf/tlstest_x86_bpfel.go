@@ -208,16 +208,17 @@ type tlstestGtProfSlot struct {
 }
 
 type tlstestGtPyLink struct {
-	_       structs.HostLayout
-	Parent  uint64
-	Root    uint64
-	BornNs  uint64
-	Tid     uint32
-	Gen     uint16
-	Pad     uint16
-	ReqConn uint64
-	ReqSeq  uint64
-	Owner   uint64
+	_           structs.HostLayout
+	Parent      uint64
+	Root        uint64
+	BornNs      uint64
+	Tid         uint32
+	Gen         uint16
+	Pad         uint16
+	ReqConn     uint64
+	ReqSeq      uint64
+	Owner       uint64
+	OwnerSerial uint64
 }
 
 type tlstestGtPyParams struct {
@@ -231,6 +232,7 @@ type tlstestGtPyParams struct {
 	MemoryviewType    uint64
 	ListType          uint64
 	TupleType         uint64
+	LongType          uint64
 	Version           uint32
 	RuntimeInterpHead uint16
 	InterpNext        uint16
