@@ -319,9 +319,20 @@ static __always_inline struct gt_py_link *gt_py_eager(const struct gt_py_params 
 	if (!prev || prev == addr)
 		return l;
 	struct gt_py_link *pl = bpf_map_lookup_elem(&gt_py_links, &prev);
-	if (!pl || !pl->owner || pl->owner == task ||
-	    (gt_py_read_u64(pl->owner + p->task_context) & GT_PY_ADDR_MASK) != prev)
-		return l; // not entered from a live Task's step: not an eager step
+	if (!pl || !pl->owner || pl->owner == task)
+		return l; // not entered from a Task's step: not an eager step
+	// The creator's link, checked as the running task's is: its owner
+	// still holds that context and, while its name is a counter, it is
+	// that counter's Task.
+	__u64 nc[2] = {}; // the owner's task_name, task_context
+	bpf_probe_read_user(nc, sizeof(nc), (const void *)(pl->owner + p->task_context - 8));
+	if ((nc[1] & GT_PY_ADDR_MASK) != prev)
+		return l;
+	if (pl->owner_serial) {
+		__u64 cs = gt_py_task_serial(p, nc[0]);
+		if (cs && cs != pl->owner_serial)
+			return l;
+	}
 	__u64 pid = prev | ((__u64)pl->gen << GT_PY_GEN_SHIFT);
 	if (l && l->parent == pid)
 		return l;
