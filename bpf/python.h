@@ -227,6 +227,27 @@ static __always_inline __u64 gt_py_ctx_id(__u64 addr, struct gt_py_link **link)
 	return l ? addr | ((__u64)l->gen << GT_PY_GEN_SHIFT) : addr;
 }
 
+// gt_py_task_ctx: the context of Task task and, in *name, its task_name
+// object, the field right before task_context (internal/python's
+// readTaskLayout checks it): one user read for both.
+static __always_inline __u64 gt_py_task_ctx(const struct gt_py_params *p, __u64 task, __u64 *name)
+{
+	__u64 nc[2] = {};
+	bpf_probe_read_user(nc, sizeof(nc), (const void *)(task + p->task_context - 8));
+	*name = nc[0];
+	return nc[1] & GT_PY_ADDR_MASK;
+}
+
+// gt_py_next_gen: the generation of a new birth at an address whose entry
+// is cl (0: none). The next one for a (likely recycled) address; a fresh
+// address starts at a random one so that an entry evicted and born again
+// does not repeat an identity userspace may still hold.
+static __always_inline __u16 gt_py_next_gen(const struct gt_py_link *cl)
+{
+	__u16 gen = cl ? cl->gen + 1 : (__u16)bpf_get_prandom_u32();
+	return gen ? gen : 1;
+}
+
 // gt_py_trusted: may the link of addr, the current context of thread state
 // ts, be used? Always, unless the process's link probe sees only Task births
 // (GT_PY_F_TASKS). Then, on a thread that runs an event loop, only while
@@ -248,15 +269,11 @@ static __always_inline int gt_py_trusted(const struct gt_py_params *p, __u64 ts,
 		return 1;
 	__u64 t = gt_py_read_u64(ts + p->tstate_running_task);
 	if (t) {
-		// TaskObj's task_name sits right before task_context
-		// (internal/python.readTaskLayout checks it): one read for both.
-		__u64 nc[2] = {};
-		bpf_probe_read_user(nc, sizeof(nc), (const void *)(t + p->task_context - 8));
-		if ((nc[1] & GT_PY_ADDR_MASK) == (addr & GT_PY_ADDR_MASK)) {
+		if (gt_py_task_ctx(p, t, name) == (addr & GT_PY_ADDR_MASK)) {
 			*task = t & GT_PY_ADDR_MASK;
-			*name = nc[0];
 			return 1;
 		}
+		*name = 0;
 	} else if (!gt_py_read_u64(ts + p->tstate_running_loop)) {
 		return 1;
 	}
@@ -324,12 +341,11 @@ static __always_inline struct gt_py_link *gt_py_eager(const struct gt_py_params 
 	// The creator's link, checked as the running task's is: its owner
 	// still holds that context and, while its name is a counter, it is
 	// that counter's Task.
-	__u64 nc[2] = {}; // the owner's task_name, task_context
-	bpf_probe_read_user(nc, sizeof(nc), (const void *)(pl->owner + p->task_context - 8));
-	if ((nc[1] & GT_PY_ADDR_MASK) != prev)
+	__u64 cname;
+	if (gt_py_task_ctx(p, pl->owner, &cname) != prev)
 		return l;
 	if (pl->owner_serial) {
-		__u64 cs = gt_py_task_serial(p, nc[0]);
+		__u64 cs = gt_py_task_serial(p, cname);
 		if (cs && cs != pl->owner_serial)
 			return l;
 	}
@@ -340,13 +356,12 @@ static __always_inline struct gt_py_link *gt_py_eager(const struct gt_py_params 
 	if (!ps)
 		return 0;
 	struct gt_py_link *cl = bpf_map_lookup_elem(&gt_py_links, &addr);
-	__u16 gen = cl ? cl->gen + 1 : (__u16)bpf_get_prandom_u32();
 	struct gt_py_link *nl = &ps->nl;
 	nl->parent = pid;
 	nl->root = pl->root;
 	nl->born_ns = bpf_ktime_get_ns();
 	nl->tid = (__u32)bpf_get_current_pid_tgid();
-	nl->gen = gen ? gen : 1;
+	nl->gen = gt_py_next_gen(cl);
 	nl->_pad = 0;
 	nl->req_conn = pl->req_conn;
 	nl->req_seq = pl->req_seq;

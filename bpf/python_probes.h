@@ -104,8 +104,9 @@ static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task)
 	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
 	if (!p)
 		return 0;
+	__u64 tname = 0;
 	if (task)
-		child = gt_py_read_u64(task + p->task_context) & GT_PY_ADDR_MASK;
+		child = gt_py_task_ctx(p, task, &tname);
 	if (!child)
 		return 0; // the copy failed (MemoryError)
 	if (site && !gt_py_is_context(p, child))
@@ -126,12 +127,7 @@ static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task)
 	__u64 parent_id = ts ? gt_py_known_id(p, ts, parent, &pl) : 0;
 
 	struct gt_py_link *cl = bpf_map_lookup_elem(&gt_py_links, &child);
-	// A new generation for the (likely recycled) address. A fresh address
-	// starts at a random one so that an entry evicted and born again does
-	// not repeat an identity userspace may still hold.
-	__u16 gen = cl ? cl->gen + 1 : (__u16)bpf_get_prandom_u32();
-	if (!gen)
-		gen = 1;
+	__u16 gen = gt_py_next_gen(cl);
 	__u64 child_id = child | ((__u64)gen << GT_PY_GEN_SHIFT);
 
 	__u64 root = pl ? pl->root : 0;
@@ -182,7 +178,7 @@ static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task)
 		.req_conn = req_conn,
 		.req_seq = req_seq,
 		.owner = task,
-		.owner_serial = task ? gt_py_task_serial(p, gt_py_read_u64(task + p->task_context - 8)) : 0,
+		.owner_serial = gt_py_task_serial(p, tname),
 	};
 	if (cl)
 		*cl = l; // in place: no LRU list work on the hot path

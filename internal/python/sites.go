@@ -96,6 +96,11 @@ type fileCalls struct {
 	err       error
 	layout    TaskLayout
 	layoutErr error
+	// With the layout and Task.__init__'s one copy stored as a Task's
+	// context (taskSites): where the Task probe goes past eager starts
+	// (lazySite), or lazyErr.
+	lazy    probesite.CallSite
+	lazyErr error
 }
 
 // readCalls reads the file once per gymtrace; a file that cannot be opened
@@ -115,6 +120,11 @@ func readCalls(open string, id fileID) (*fileCalls, error) {
 	fc = &fileCalls{}
 	fc.calls, fc.err = probesite.FindCalls(f, ProbeSymbol)
 	fc.layout, fc.layoutErr = readTaskLayout(f)
+	if fc.err == nil && fc.layoutErr == nil {
+		if t := taskSites(fc.calls, fc.layout); len(t.Sites) == 1 {
+			fc.lazy, fc.lazyErr = lazySite(f, t.Sites[0], fc.layout)
+		}
+	}
 	siteCache.Lock()
 	siteCache.files[id] = fc
 	siteCache.Unlock()

@@ -138,15 +138,6 @@ func lazySite(f *elf.File, copy probesite.CallSite, l TaskLayout) (probesite.Cal
 	return sites[0], nil
 }
 
-func lazySiteOf(path string, copy probesite.CallSite, l TaskLayout) (probesite.CallSite, error) {
-	f, err := elf.Open(path)
-	if err != nil {
-		return probesite.CallSite{}, err
-	}
-	defer f.Close()
-	return lazySite(f, copy, l)
-}
-
 // AttachTaskProbes attaches the link probe to Task.__init__'s copy of the
 // context only, or where it can, past eager starts, to its register_task
 // (lazySite, TaskLayout.Eager; plus the return probes of contextvars.copy_context and
@@ -205,10 +196,10 @@ func (in *Interpreter) AttachTaskProbes(site, ret *ebpf.Program) (io.Closer, Tas
 					m.path, len(t.Sites), len(c.Sites), l.TaskContext))
 			}
 			if !eagerOff {
-				if s, err := lazySiteOf(m.open, t.Sites[0], l); err == nil {
-					t.Sites[0], l.Eager = s, true
+				if fc.lazyErr == nil {
+					t.Sites[0], l.Eager = fc.lazy, true
 				} else {
-					l.EagerErr = fmt.Errorf("%s: %w", m.path, err)
+					l.EagerErr = fmt.Errorf("%s: %w", m.path, fc.lazyErr)
 				}
 			}
 			plan = append(plan, planned{m, t})
