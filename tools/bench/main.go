@@ -273,7 +273,7 @@ func run(args []string) int {
 	if phases["twin"] && ctx.Err() == nil {
 		var skipped map[string]string
 		rep.Raw.Twin, skipped, err = runTwin(ctx, twinOptions{Root: root, Dir: o.work, Gymtrace: o.gymtrace, Rounds: o.twinRounds,
-			Concurrency: o.twinConc, Warmup: o.warmup, Window: o.twinWindow, Settle: o.settle, Short: o.short, Rows: o.twinRows, PerfDir: o.perfDir, Baseline: o.baseline, Runtime: o.twinRuntime, Log: log})
+			Concurrency: o.twinConc, Warmup: o.warmup, Window: o.twinWindow, Settle: o.settle, Short: o.short, Rows: o.twinRows, PerfDir: o.perfDir, Baseline: o.baseline, Runtime: o.twinRuntime, Sink: o.sink, Log: log})
 		for row, why := range skipped {
 			if rep.Skipped == nil {
 				rep.Skipped = map[string]string{}

@@ -44,8 +44,11 @@ import (
 // the stack, or (GymTel) the Gym-telemetry stack against a plain copy.
 type twinConfig struct {
 	Name   string
-	Spec   string // --span-groups; "" groups off
-	GymTel bool   // Gym's own telemetry, no-op exporter, `default` groups
+	Spec string // --span-groups; "" groups off
+	// GymTel: the measured copy runs Gym's own telemetry with this exporter
+	// ("noop", or "otlp" to the bench's sink) and Gym's span groups GymSpec,
+	// on a stack of its own.
+	GymTel, GymSpec string
 	// Untraced: neither copy is traced. Its ratios are the method's own
 	// error: they should be 1 within their interval.
 	Untraced bool
@@ -60,6 +63,7 @@ var twinRows = []twinConfig{
 	{Name: "groups off", Spec: ""},
 	{Name: "default", Spec: "default"},
 	{Name: "per_rollout", Spec: "per_rollout"},
+	{Name: "all", Spec: "all"},
 	// SERVER spans only: the HTTP parser without asyncio parents (no
 	// Python probes anywhere): what `default` adds on top is theirs.
 	{Name: "server spans only", Spec: "server"},
@@ -78,14 +82,28 @@ var twinRows = []twinConfig{
 	// starts (aiohttp's body writers) reach too: what leaving them
 	// unprobed saves.
 	{Name: "default, eager Task births probed", Spec: "default", Env: []string{"GYMTRACE_PY_EAGER=0"}},
-	{Name: "Gym telemetry default, no-op", GymTel: true},
+	// Gym's own telemetry, each preset gymtrace's rows run: B (export
+	// free, the lower bound the targets are against) and A (OTLP
+	// http/protobuf to a counting sink).
+	{Name: "Gym telemetry default, no-op", GymTel: "noop", GymSpec: "default"},
+	{Name: "Gym telemetry per_rollout, no-op", GymTel: "noop", GymSpec: "per_rollout"},
+	{Name: "Gym telemetry default, OTLP", GymTel: "otlp", GymSpec: "default"},
+}
+
+// stack names the copy a row's measured side runs on: "" a plain copy (A
+// or B, alternating), or the Gym-telemetry copy of its setup.
+func (c twinConfig) stack() string {
+	if c.GymTel == "" {
+		return ""
+	}
+	return "gymtel-" + c.GymTel + "-" + c.GymSpec
 }
 
 // twinRun is one row in one round: the measured copy against its twin.
 type twinRun struct {
 	Config string `json:"config"`
 	Round  int    `json:"round"`
-	Copy   string `json:"measured_copy"` // "A", "B" or "gymtel"
+	Copy   string `json:"measured_copy"` // "A", "B" or a Gym-telemetry copy (twinConfig.stack)
 	// Plain: the plain copy in the pair ("A" or "B"), the measured one
 	// or, in a Gym-telemetry row, the twin: the halves balancedRatioCI
 	// averages.
@@ -136,6 +154,7 @@ type twinOptions struct {
 	Short               bool
 	Rows                string // --twin-rows: a filter on row names; "" all
 	Runtime             string // runtimeSid (uvloop) or runtimeSidAsyncio
+	Sink                string // test/otlpsink binary, for the Gym-telemetry OTLP row; "" none
 	// PerfDir: record both copies with perf in every window, as
 	// perf-r<round>-<row>-{measured,twin}-n<rollouts>.data
 	// (scripts/perf-attrib compares each measured copy with its twin).
@@ -159,17 +178,13 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 		o.Log.Warn("twin phase skipped", "why", why)
 		return nil, skipped, nil
 	}
-	var gymExtra []string
 	for _, r := range rows {
-		if !r.GymTel {
+		if r.GymTel == "" {
 			continue
 		}
-		why := skipReasons([]wlConfig{{Name: "g", Runtime: o.Runtime, GymTel: "noop", GymSpec: "default"}}, "")["g"]
-		if why != "" {
+		if why := skipReasons([]wlConfig{{Name: "g", Runtime: o.Runtime, GymTel: r.GymTel, GymSpec: r.GymSpec}}, o.Sink)["g"]; why != "" {
 			skipped["twin: "+r.Name] = why
 			o.Log.Warn("twin row skipped", "row", r.Name, "why", why)
-		} else {
-			gymExtra = []string{"--gym-telemetry", "noop", "--gym-span-groups", "default"}
 		}
 	}
 	rows = slices.DeleteFunc(rows, func(r twinConfig) bool { return skipped["twin: "+r.Name] != "" })
@@ -178,7 +193,7 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 		var with []twinConfig
 		for _, r := range rows {
 			with = append(with, r)
-			if !r.GymTel && !r.Untraced {
+			if r.GymTel == "" && !r.Untraced {
 				b := r
 				b.Name += baselineSuffix
 				b.Baseline = true
@@ -188,23 +203,39 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 		rows = with
 	}
 
-	copies := map[string]*stack{}
+	// The copies: A and B, and one per Gym-telemetry setup a row runs.
 	names := []string{"A", "B"}
-	if gymExtra != nil {
-		names = append(names, "gymtel")
-	}
-	for _, name := range names {
-		var extra []string
-		if name == "gymtel" {
-			extra = gymExtra
+	extra := map[string][]string{}
+	var sinkAddr string
+	for _, r := range rows {
+		k := r.stack()
+		if k == "" || extra[k] != nil {
+			continue
 		}
-		st, err := startStack(ctx, o.Root, workDir(o.Dir, "twin-"+strings.ToLower(name)), o.Warmup, o.Runtime, extra)
+		names = append(names, k)
+		extra[k] = []string{"--gym-telemetry", r.GymTel, "--gym-span-groups", r.GymSpec}
+		if r.GymTel == "otlp" {
+			if sinkAddr == "" {
+				sink, addr, err := startGymTelSink(o.Sink, filepath.Join(workDir(o.Dir, "twin"), "otlpsink.log"))
+				if err != nil {
+					return nil, skipped, err
+				}
+				defer sink.stop(5 * time.Second)
+				sinkAddr = addr
+			}
+			extra[k] = append(extra[k], "--gym-telemetry-endpoint", "http://"+sinkAddr)
+		}
+	}
+	copies := map[string]*stack{}
+	for _, name := range names {
+		dir := workDir(o.Dir, "twin-"+strings.ToLower(name))
+		st, err := startStack(ctx, o.Root, dir, o.Warmup, o.Runtime, extra[name])
 		if err != nil {
 			return nil, skipped, fmt.Errorf("the twin phase's stack %s: %w", name, err)
 		}
 		defer st.stop()
 		// Unrecorded: a stack's first collection after start is slower.
-		if _, err := st.collectFor(ctx, workDir(o.Dir, "twin-"+strings.ToLower(name)), time.Second, o.Concurrency); err != nil {
+		if _, err := st.collectFor(ctx, dir, time.Second, o.Concurrency); err != nil {
 			return nil, skipped, fmt.Errorf("settling run of the twin stack %s: %w", name, err)
 		}
 		copies[name] = st
@@ -223,8 +254,8 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 				plain, other = "B", "A"
 			}
 			measured, twin := plain, other
-			if row.GymTel {
-				measured, twin = "gymtel", plain
+			if k := row.stack(); k != "" {
+				measured, twin = k, plain
 			}
 			run, err := twinOnce(ctx, o, row, r, measured, copies[measured], copies[twin])
 			if err != nil {
@@ -265,7 +296,7 @@ func twinOnce(ctx context.Context, o twinOptions, row twinConfig, round int, cop
 	run := twinRun{Config: row.Name, Round: round, Copy: copyName}
 	dir := workDir(o.Dir, "twin")
 	var gt *gymtrace
-	if !row.GymTel && !row.Untraced {
+	if row.GymTel == "" && !row.Untraced {
 		var err error
 		bin := o.Gymtrace
 		if row.Baseline {

@@ -101,18 +101,12 @@ func runWorkload(ctx context.Context, o wlOptions) (runs []wlRun, skipped map[st
 		}
 	}
 	if needSink {
-		// One sink for every OTLP row, counting only (as a collector's
-		// receiver): its CPU is not the stack's, as gymtrace's is not.
-		sink, addrs, err := startListeningN("otlpsink", []string{o.Sink, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--count-only"},
-			filepath.Join(workDir(o.Dir, "workload"), "otlpsink.log"), 2)
+		// One sink for every OTLP row.
+		sink, httpAddr, err := startGymTelSink(o.Sink, filepath.Join(workDir(o.Dir, "workload"), "otlpsink.log"))
 		if err != nil {
-			return nil, skipped, fmt.Errorf("starting the OTLP sink for the Gym-telemetry rows: %w", err)
+			return nil, skipped, err
 		}
 		defer sink.stop(5 * time.Second)
-		httpAddr, ok := strings.CutPrefix(addrs[1], "listening-http ")
-		if !ok {
-			return nil, skipped, fmt.Errorf("the OTLP sink printed %q, not \"listening-http HOST:PORT\" (a sink without --http-listen?)", addrs[1])
-		}
 		for k, e := range extra {
 			if slices.Contains(e, "otlp") {
 				extra[k] = append(e, "--gym-telemetry-endpoint", "http://"+httpAddr)
@@ -312,4 +306,21 @@ func slug(s string) string {
 		}
 		return '-'
 	}, strings.ToLower(s))
+}
+
+// startGymTelSink starts the OTLP sink the Gym-telemetry OTLP rows export
+// to, counting only (as a collector's receiver): its CPU is not the
+// stack's, as gymtrace's is not. It returns the sink's http/protobuf
+// address.
+func startGymTelSink(bin, logPath string) (*child, string, error) {
+	sink, addrs, err := startListeningN("otlpsink", []string{bin, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--count-only"}, logPath, 2)
+	if err != nil {
+		return nil, "", fmt.Errorf("starting the OTLP sink for the Gym-telemetry rows: %w", err)
+	}
+	httpAddr, ok := strings.CutPrefix(addrs[1], "listening-http ")
+	if !ok {
+		sink.stop(5 * time.Second)
+		return nil, "", fmt.Errorf("the OTLP sink printed %q, not \"listening-http HOST:PORT\" (a sink without --http-listen?)", addrs[1])
+	}
+	return sink, httpAddr, nil
 }
