@@ -43,7 +43,7 @@ import (
 // twinConfig is a row of the twin phase: gymtrace with Spec on one copy of
 // the stack, or (GymTel) the Gym-telemetry stack against a plain copy.
 type twinConfig struct {
-	Name   string
+	Name string
 	Spec string // --span-groups; "" groups off
 	// GymTel: the measured copy runs Gym's own telemetry with this exporter
 	// ("noop", or "otlp" to the bench's sink) and Gym's span groups GymSpec,
