@@ -260,10 +260,22 @@ def wait_ready(a, s):
                                f"log {s['log']}:\n{log_tail(s['log'])}")
         try:
             with urllib.request.urlopen(s["url"] + "/", timeout=2) as r:
-                if r.status == 200:
-                    return
+                body = r.read() if r.status == 200 else b""
         except OSError as e:
             last = e
+            body = b""
+        if body:
+            # The health answer names the server: another process on the
+            # port (ours failed to bind it) must not pass for it.
+            try:
+                name = json.loads(body).get("server")
+            except (ValueError, AttributeError):
+                name = None
+            if name == s["name"]:
+                return
+            raise RuntimeError(f"{s['kind']} server: GET {s['url']}/ was answered by {name or body[:80]!r}, "
+                               f"not {s['name']} (address already in use by another process); "
+                               f"log {s['log']}:\n{log_tail(s['log'])}")
         time.sleep(0.05)
     raise RuntimeError(f"{s['kind']} server not answering GET {s['url']}/ after {a.startup_timeout}s "
                        f"(last error: {last}); log {s['log']}:\n{log_tail(s['log'])}")
@@ -353,7 +365,12 @@ def main(argv, prog=None, description=None):
     try:
         for attempt in range(3):
             if not a.ports:
-                ports = {kind: stacklib.free_port(a.host) for kind, *_ in SERVERS}
+                # Distinct: each pick's probe socket is closed at once, so
+                # two picks can be the same port (one server then answered
+                # for the other, whose bind failed; issue 20's twin bench).
+                ports = {}
+                for kind, *_ in SERVERS:
+                    ports[kind] = stacklib.free_port(a.host, exclude=set(ports.values()))
             try:
                 start_servers(a, ports, log_dir, servers)
                 break

@@ -534,16 +534,19 @@ def _ephemeral_range():
         return 32768, 60999
 
 
-def free_port(host="127.0.0.1"):
-    """A port on host that was free a moment ago, outside the ephemeral range.
+def free_port(host="127.0.0.1", exclude=()):
+    """A port on host that was free a moment ago, outside the ephemeral range
+    and not in exclude.
 
     bind(0) hands out an ephemeral port, and any outbound connect() on the
     machine may take that same port as its source port before the server binds
     it. connect() never picks a port below the ephemeral range, so pick there
-    (the same rule as the Go tests' test/freeport)."""
+    (the same rule as the Go tests' test/freeport). The probe socket is closed
+    before returning, so ports picked one after another for servers not yet
+    started can come out the same: pass the ones already picked as exclude."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     lo, hi = _ephemeral_range()
-    pool = [p for p in range(10000, 65536) if not lo <= p <= hi]
+    pool = [p for p in range(10000, 65536) if not lo <= p <= hi and p not in exclude]
     for _ in range(200 if pool else 0):
         port = random.choice(pool)
         with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -552,6 +555,10 @@ def free_port(host="127.0.0.1"):
             except OSError:
                 continue
             return port
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    for _ in range(200):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in exclude:
+            return port
+    raise OSError(f"no free TCP port on {host} outside {sorted(exclude)}")

@@ -44,6 +44,54 @@ class RolloutIdTest(unittest.TestCase):
         self.assertIsNone(stacklib.gym_rollout_id({}))
 
 
+class PortPickTest(unittest.TestCase):
+    """The launcher's three ports are distinct, and a server whose bind
+    failed is not taken for ready because another answers on its port."""
+
+    def test_free_port_skips_excluded(self):
+        real = stacklib._ephemeral_range
+        # Only 10000 and 10001 lie outside this "ephemeral range".
+        stacklib._ephemeral_range = lambda: (10002, 65535)
+        try:
+            for _ in range(50):
+                self.assertNotEqual(stacklib.free_port(exclude={10000}), 10000)
+        finally:
+            stacklib._ephemeral_range = real
+
+    def test_ready_check_refuses_another_server(self):
+        import http.server
+        import threading
+        import types
+        import launch as launcher
+
+        class Other(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"server": "someone_else"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        srv = http.server.HTTPServer(("127.0.0.1", 0), Other)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        proc = subprocess.Popen(["sleep", "30"])
+        try:
+            s = {"kind": "agent", "name": "simple_weather_simple_agent", "proc": proc,
+                 "url": f"http://127.0.0.1:{srv.server_address[1]}", "log": os.devnull}
+            with self.assertRaisesRegex(RuntimeError, "answered by 'someone_else'.*address already in use"):
+                launcher.wait_ready(types.SimpleNamespace(startup_timeout=10, shell=False), s)
+            s["name"] = "someone_else"
+            launcher.wait_ready(types.SimpleNamespace(startup_timeout=10, shell=False), s)
+        finally:
+            proc.kill()
+            proc.wait()
+            srv.shutdown()
+            srv.server_close()
+
+
 class StackTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gymstack-test-")
