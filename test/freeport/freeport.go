@@ -9,7 +9,10 @@
 // that happened (a Python server in internal/python never listened). Ports
 // below the ephemeral range are never handed out by connect(), so the only
 // way to lose one is another test picking the very same port in the same few
-// milliseconds, which the random choice makes negligible.
+// milliseconds, which the random choice makes negligible. Within one process
+// Pick never returns the same port twice: the probe socket is closed when it
+// returns, so two picks for servers not yet started could otherwise be the
+// same port (one server then answers for the other).
 package freeport
 
 import (
@@ -19,7 +22,28 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
+
+// given are the ports this process was handed.
+var given struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// take marks p handed out; false when it was already.
+func take(p int) bool {
+	given.Lock()
+	defer given.Unlock()
+	if given.ports == nil {
+		given.ports = map[int]bool{}
+	}
+	if given.ports[p] {
+		return false
+	}
+	given.ports[p] = true
+	return true
+}
 
 const (
 	lowest = 10000 // below this live well-known services
@@ -40,16 +64,24 @@ func Pick() (int, error) {
 			continue
 		}
 		ln.Close()
-		return p, nil
+		if take(p) {
+			return p, nil
+		}
 	}
 	// No room outside the ephemeral range (a machine that made it cover
 	// almost everything): fall back to the kernel's choice.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free TCP port on 127.0.0.1: %w", err)
+	for range tries {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("finding a free TCP port on 127.0.0.1: %w", err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if take(p) {
+			return p, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("finding a free TCP port on 127.0.0.1: every port tried was handed out before")
 }
 
 // candidate is a random port in [lowest, 65535] outside [lo, hi], or 0 when

@@ -30,3 +30,19 @@ func TestPickIsFreeAndOutsideRange(t *testing.T) {
 		t.Fatalf("port %d is inside the ephemeral range %d-%d", p, lo, hi)
 	}
 }
+
+// Picks in one process are distinct: two servers started after two picks
+// must not be given the same port.
+func TestPicksDistinct(t *testing.T) {
+	seen := map[int]bool{}
+	for range 300 {
+		p, err := Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p] {
+			t.Fatalf("port %d picked twice", p)
+		}
+		seen[p] = true
+	}
+}
