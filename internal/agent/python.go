@@ -201,6 +201,7 @@ func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
 		p.mu.Unlock()
 	}()
 	start := time.Now()
+	serving := false
 	for time.Since(start) < 2*time.Minute {
 		d := 50 * time.Millisecond
 		if time.Since(start) > 5*time.Second {
@@ -217,8 +218,21 @@ func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {
 			p.sites(pid, in)
 			return
 		}
+		if !serving && p.t.spans.Builder().Counts(pid).Answered > 0 {
+			// It answers requests without uvloop: its loop is the default
+			// one (uvicorn imports uvloop as it sets the loop up, before
+			// it serves), so the call-site probes go on now rather than
+			// after the watch, which would leave two kernel entries a copy
+			// for two minutes. The watch goes on for a late uvloop: its
+			// write probes then go on, and its module sends the copies
+			// back to the return probe (watchSites).
+			serving = true
+			p.sites(pid, in)
+		}
 	}
-	p.sites(pid, in) // the default loop: its modules are loaded by now
+	if !serving {
+		p.sites(pid, in) // the default loop: its modules are loaded by now
+	}
 }
 
 // tryUVloop reports whether the process's loop question is settled: uvloop
