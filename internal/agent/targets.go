@@ -127,6 +127,10 @@ func (t *agent) procEvent(w *discover.Watcher, raw []byte) {
 	}
 	var ev loader.ProcEvent
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(&ev)), loader.ProcEventSize), raw)
+	// The Builder first: an exit ends the process's gym.job, which must
+	// happen before discovery's goroutine hears of the exit and has the
+	// Builder forget the process (removeTarget).
+	out := t.spans.Builder().ProcEvent(&ev)
 	switch ev.Kind {
 	case loader.EvProcFork:
 		// The kernel already traces the child with its parent's role; until
@@ -158,5 +162,5 @@ func (t *agent) procEvent(w *discover.Watcher, raw []byte) {
 			t.mu.Unlock()
 		}
 	}
-	t.submit(t.spans.Builder().ProcEvent(&ev))
+	t.submit(out)
 }

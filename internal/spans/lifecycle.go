@@ -148,7 +148,7 @@ func (b *Builder) jobParent(x *http.Exchange, p *discover.Process, mask groups.M
 			break
 		}
 	}
-	j := &job{n: b.newNode(), start: x.ReqStart, proc: p}
+	j := &job{n: b.newNode(), start: x.ReqStart}
 	if execSeen && ex.ts <= x.ReqStart {
 		j.start = ex.ts
 	}
@@ -158,6 +158,10 @@ func (b *Builder) jobParent(x *http.Exchange, p *discover.Process, mask groups.M
 		p.Role = loader.RoleOrchestrator
 		p.ServerName = discover.TypeOrchestrator
 	}
+	// The job keeps the identity its process has now, an inferred role
+	// included: discovery may see the exit first and the process be
+	// forgotten (ForgetProcess) before the exit record that ends the job.
+	j.proc = b.effProc(p, x.PID)
 	b.lc.jobs[x.PID] = j
 	return j.n
 }

@@ -42,6 +42,31 @@ func TestOrchestratorByBehaviour(t *testing.T) {
 	}
 }
 
+// The same collector whose exit discovery sees first: the agent forgets the
+// process (ForgetProcess, from discovery's goroutine) before the reader hands
+// the Builder the kernel's exit record that ends the job. The gym.job keeps
+// the role its process had when the job began (e2e TestRolesByBehaviour
+// once exported it as nemo-gym/python3).
+func TestOrchestratorJobForgottenBeforeExit(t *testing.T) {
+	s := newSim(t, "default")
+	s.procs[pidCollector] = &discover.Process{PID: pidCollector, Comm: "python3"} // --pid, no =ROLE
+	s.traced[pidCollector] = true
+	g := newGymStack(s, false)
+	g.rollout(0, 1, 0)
+	s.b.ForgetProcess(pidCollector)
+	s.proc(loader.EvProcExit, pidCollector, 0)
+	jobs := findSpans(s.spans, "gym.job")
+	if len(jobs) != 1 {
+		t.Fatalf("%d gym.job spans, want 1", len(jobs))
+	}
+	if got := jobs[0].Proc.ServiceName(); got != "nemo-gym/orchestrator" {
+		t.Errorf("gym.job: service %s, want nemo-gym/orchestrator", got)
+	}
+	if s.procs[pidCollector].Role != loader.RoleUnknown {
+		t.Error("discovery's Process was written")
+	}
+}
+
 // A model server that serves only /v1/responses (with and without the
 // rollout prefix), found without its role, is a model server because an
 // agent calls it: every request is named the same way and has its
