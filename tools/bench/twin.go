@@ -96,7 +96,7 @@ func (c twinConfig) stack() string {
 	if c.GymTel == "" {
 		return ""
 	}
-	return "gymtel-" + c.GymTel + "-" + c.GymSpec
+	return gymTelName(c.GymTel, c.GymSpec)
 }
 
 // twinRun is one row in one round: the measured copy against its twin.
@@ -213,7 +213,7 @@ func runTwin(ctx context.Context, o twinOptions) (runs []twinRun, skipped map[st
 			continue
 		}
 		names = append(names, k)
-		extra[k] = []string{"--gym-telemetry", r.GymTel, "--gym-span-groups", r.GymSpec}
+		extra[k] = gymTelArgs(r.GymTel, r.GymSpec)
 		if r.GymTel == "otlp" {
 			if sinkAddr == "" {
 				sink, addr, err := startGymTelSink(o.Sink, filepath.Join(workDir(o.Dir, "twin"), "otlpsink.log"))

@@ -96,7 +96,7 @@ func runWorkload(ctx context.Context, o wlOptions) (runs []wlRun, skipped map[st
 		keys = append(keys, k)
 		extra[k] = nil
 		if c.GymTel != "" {
-			extra[k] = []string{"--gym-telemetry", c.GymTel, "--gym-span-groups", c.GymSpec}
+			extra[k] = gymTelArgs(c.GymTel, c.GymSpec)
 			needSink = needSink || c.GymTel == "otlp"
 		}
 	}

@@ -37,7 +37,15 @@ func (c wlConfig) stackKey() string {
 	if c.GymTel == "" {
 		return c.Runtime
 	}
-	return c.Runtime + "/gymtel-" + c.GymTel + "-" + c.GymSpec
+	return c.Runtime + "/" + gymTelName(c.GymTel, c.GymSpec)
+}
+
+// gymTelName names the stack of a Gym-telemetry setup (exporter exp, span
+// groups spec); gymTelArgs are its launcher flags.
+func gymTelName(exp, spec string) string { return "gymtel-" + exp + "-" + spec }
+
+func gymTelArgs(exp, spec string) []string {
+	return []string{"--gym-telemetry", exp, "--gym-span-groups", spec}
 }
 
 // baselineSuffix names a row's twin run with the --baseline binary.
