@@ -32,10 +32,13 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		c->gap |= GT_GAP_LOST;
 		return;
 	}
 	__builtin_memcpy(e, &c->req, sizeof(*e));
 	e->flags |= gt_tls_ev_flag(c);
+	e->gap = c->gap;
+	c->gap &= ~GT_GAP_LOST;
 	e->end_ns = io->now;
 	e->body_len = d->body_len;
 #ifdef GT_INJECT
@@ -67,6 +70,7 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 		e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		c->gap |= GT_GAP_LOST;
 		return;
 	}
 	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);
@@ -95,6 +99,7 @@ static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, _
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, GT_HTTP_EVENT_HEAD, 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		c->gap |= GT_GAP_LOST;
 		return;
 	}
 	__builtin_memset(e, 0, GT_HTTP_EVENT_HEAD);

@@ -28,6 +28,7 @@ enum gt_side gt_contract_side __attribute__((unused));
 enum gt_role gt_contract_role __attribute__((unused));
 enum gt_method gt_contract_method __attribute__((unused));
 enum gt_event_flag gt_contract_flag __attribute__((unused));
+enum gt_gap gt_contract_gap __attribute__((unused));
 enum gt_stat gt_contract_stat __attribute__((unused));
 enum gt_config_flag gt_contract_cfg_flag __attribute__((unused));
 enum gt_inject_stat gt_contract_inject_stat __attribute__((unused));

@@ -2,6 +2,16 @@
 // one step over a user buffer, and a whole buffer. Included by bpf/syscalls.h.
 #pragma once
 
+// The parser could not follow some of this direction's bytes: a message start
+// may have gone unseen, so this side's count of requests on the connection
+// may no longer match the peer's (GT_GAP_FRAMING, for good). Userspace then
+// pairs the two ends by stream position only (internal/spans join.go).
+static __always_inline void gt_framing_lost(struct gt_conn *c, struct gt_dir *d)
+{
+	if (d->is_req)
+		c->gap |= GT_GAP_FRAMING;
+}
+
 static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 {
 	d->chunk_phase = 0;
@@ -411,11 +421,13 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 		if (o < 0 || !sc) {
 			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
 			d->phase = GT_PH_SKIP;
+			gt_framing_lost(c, d);
 			return -1;
 		}
 		if (sc->loops.chunk_err) {
 			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
 			d->phase = GT_PH_SKIP;
+			gt_framing_lost(c, d);
 			// Zero consumed: the next step looks for a start right here.
 			return (__u32)o > off ? o - off : 0;
 		}
@@ -447,8 +459,16 @@ __noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 		if (off >= len || c->kind != GT_CONN_HTTP)
 			break;
 		int r = gt_step(c, io, ubuf, off, len);
-		if (r < 0)
+		if (r < 0) {
+			// The rest of the buffer is not followed. That is the design
+			// in a body delimited by the connection's end, and when a
+			// message start's first bytes were kept for the next syscall;
+			// anywhere else a start may hide in it.
+			struct gt_dir *d = &c->dir[io->dir & 1];
+			if (d->phase != GT_PH_BODY_EOF && !(c->partial_len && c->partial_dir == io->dir))
+				gt_framing_lost(c, d);
 			break;
+		}
 		// gt_step may have used the scratch: look it up again.
 		sc = gt_get_scratch();
 		if (!sc)
@@ -466,6 +486,38 @@ __noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
 			d->phase = GT_PH_SKIP;
 		}
+		gt_framing_lost(c, d);
 	}
+	return 0;
+}
+
+// Bytes a vectored syscall moved beyond the iovec segments the programs walk
+// (GT_MAX_IOV_SEGS): a Content-Length body's bytes are counted without being
+// read (large bodies written from many buffers); anything else there may
+// hold a message start the parser cannot see, so framing is lost there.
+__noinline int gt_iov_rest(struct gt_conn *c, struct gt_io *io, __u64 left)
+{
+	if (!c || !io)
+		return 0;
+	struct gt_dir *d = &c->dir[io->dir & 1];
+	if (d->phase == GT_PH_BODY_EOF) {
+		d->body_len += left;
+		return 0;
+	}
+	if (d->phase == GT_PH_BODY_CL) {
+		__u64 take = d->remaining < left ? d->remaining : left;
+		d->remaining -= take;
+		d->body_len += take;
+		left -= take;
+		if (!d->remaining)
+			gt_finish(c, d, io, 0); // a reward in the unread bytes is not read
+		if (!left)
+			return 0;
+	} else if (d->phase == GT_PH_HEADERS || d->phase == GT_PH_CHUNKED) {
+		gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
+	}
+	gt_stat_add(GT_STAT_PARSE_ERROR, 1);
+	d->phase = GT_PH_SKIP;
+	gt_framing_lost(c, d);
 	return 0;
 }

@@ -43,10 +43,13 @@ static __always_inline void gt_conn_check_gen(struct gt_conn *c, __u32 gen)
 	if (c->cfg_gen == gen)
 		return;
 	c->cfg_gen = gen;
-	if (c->dir[0].phase != GT_PH_IDLE)
-		c->dir[0].phase = GT_PH_SKIP;
-	if (c->dir[1].phase != GT_PH_IDLE)
-		c->dir[1].phase = GT_PH_SKIP;
+	for (int i = 0; i < 2; i++) {
+		if (c->dir[i].phase != GT_PH_IDLE) {
+			c->dir[i].phase = GT_PH_SKIP;
+			if (c->dir[i].is_req)
+				c->gap |= GT_GAP_FRAMING;
+		}
+	}
 }
 
 // A new connection's entry: the socket's tuple (or "not TCP"), inserted
@@ -220,7 +223,7 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 		return 0;
 	sc->loops.iov_left = ret;
 	int i;
-	gt_for(i, 0, 4)
+	gt_for(i, 0, GT_MAX_IOV_SEGS)
 	{
 		if (i >= is->cnt)
 			break;
@@ -235,6 +238,9 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 		io->seg_off = (__u32)(is->ret - left);
 		gt_process(c, io, is->v.base, (__u32)seg);
 	}
+	sc = gt_get_scratch();
+	if (sc && sc->loops.iov_left)
+		gt_iov_rest(c, io, sc->loops.iov_left);
 	return 0;
 }
 

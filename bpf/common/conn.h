@@ -81,7 +81,8 @@ struct gt_conn {
 	__u8 carry_dir;
 	__u8 served_noted; // bpf/inject.h: this server connection's process is in gt_inject_serving
 	__u8 fresh; // seen from the stream's first byte (gt_conn_fresh): requests carry GT_F_FRESH
-	__u8 _pad3[4];
+	__u8 gap;   // enum gt_gap: GT_GAP_FRAMING sticks, GT_GAP_LOST until the next request record
+	__u8 _pad3[3];
 	// The connection's struct sock, read at its first syscall (gt_conn_get):
 	// its stream positions date each request start (gt_stream_seq). Only
 	// ever dereferenced through probe reads; the entry is deleted at close.

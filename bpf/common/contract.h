@@ -92,6 +92,18 @@ enum gt_event_flag {
 				       // top-level "reward" number (bpf/http_reward.h, gt_scan_reward)
 };
 
+// What a request record says the kernel lost on its connection (struct
+// http_event gap).
+enum gt_gap {
+	// This direction's framing was lost at least once (bytes the parser could
+	// not follow: a message start may have gone unseen), so the request
+	// index (seq) may differ from the peer's for good.
+	GT_GAP_FRAMING = 1 << 0,
+	// A record of this connection was lost (ring buffer full) since the
+	// previous request record.
+	GT_GAP_LOST = 1 << 1,
+};
+
 // Statistics slots of the per-CPU counter array gt_stats.
 enum gt_stat {
 	GT_STAT_EMITTED = 0,       // + group bit index: events emitted per group
@@ -175,7 +187,10 @@ struct http_event {
 	// say (TLS plaintext, no socket).
 	__u32 stream_seq;
 	__u8 stream_ok;
-	__u8 _pad_stream[3];
+	// Requests: enum gt_gap bits, what the kernel lost on this connection
+	// before this record (userspace pairs nothing by a count it cannot trust).
+	__u8 gap;
+	__u8 _pad_stream[2];
 	struct gt_tuple tuple;
 	// Responses with GT_F_REWARD: the number's JSON text, NUL-padded (a
 	// number has no NUL); the only body bytes that ever leave the kernel

@@ -45,18 +45,18 @@ type AssemblerStats struct {
 	DroppedConnLimit            uint64 // requests dropped because MaxConns connections were busy
 	DroppedPendingLimit         uint64 // requests dropped because MaxPending were waiting on their connection
 	Evicted                     uint64 // exchanges given up after MaxAge
-	ResetConns                  uint64 // connections whose pairing state was thrown away as hopeless
+	ResponsesLost               uint64 // exchanges whose response record never came while a later one did (ErrResponseLost)
+	OutOfOrder                  uint64 // requests whose index was not above their connection's newest (dropped)
 	OpenConns                   int
 	OpenExchanges               int
 }
 
-// A connection's queue of requests awaiting responses, oldest first. A nil
-// entry stands for a request gymtrace dropped or evicted: its response, when
-// it comes, must be consumed by the placeholder so later ones still pair.
+// A connection's requests awaiting responses, in the kernel's request order
+// (Exchange.Seq). A response names the request it answers by that index, so
+// a record lost in between (the ring buffer was full) leaves its own
+// exchange unpaired and shifts no other.
 type conn struct {
-	q        []*Exchange
-	live     int    // non-nil entries in q
-	lastSeen uint64 // monotonic ns of the last record on this connection
+	q []*Exchange
 }
 
 // Assembler pairs requests and responses per connection. It is not safe for
@@ -92,7 +92,7 @@ func (a *Assembler) Stats() AssemblerStats {
 	s.OpenConns = len(a.conns)
 	s.OpenExchanges = 0
 	for _, c := range a.conns {
-		s.OpenExchanges += c.live
+		s.OpenExchanges += len(c.q)
 	}
 	return s
 }
@@ -151,17 +151,17 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		c = &conn{}
 		a.conns[ev.ConnId] = c
 	}
-	c.lastSeen = a.now
-	if c.live >= a.opt.MaxPending {
+	if n := len(c.q); n > 0 && c.q[n-1].Seq >= ev.Seq {
+		// The kernel numbers a connection's requests in order and one
+		// process's records of one connection arrive in order: a repeat
+		// is a connection id reused, never a request to pair.
+		a.st.OutOfOrder++
+		return
+	}
+	if len(c.q) >= a.opt.MaxPending {
+		// Its response, when it comes, finds no request of its index and
+		// is dropped: nothing else shifts.
 		a.st.DroppedPendingLimit++
-		// Keep the request's place so its response does not pair with a
-		// later request; give up on a connection that only grows.
-		if len(c.q) >= 4*a.opt.MaxPending {
-			a.st.ResetConns++
-			a.finishAll(ev.ConnId, c, ErrEvicted, a.now, h)
-			return
-		}
-		c.q = append(c.q, nil)
 		return
 	}
 	x := &Exchange{
@@ -188,30 +188,52 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		StreamSeq:   ev.StreamSeq,
 	}
 	x.HasStreamSeq = ev.StreamOk != 0
+	x.Gap, x.Lost = ev.Gap&loader.GapFraming != 0, ev.Gap&loader.GapLost != 0
 	x.Local, x.Remote = Tuple(ev)
 	if ev.Flags&loader.FlagKernelTrace != 0 && ev.Flags&loader.FlagTraceparent == 0 && ev.Side == loader.SideServer {
 		copy(x.KernelTrace[:], ev.Traceparent[:16])
 		x.KernelSampled = ev.Traceparent[16]&1 != 0
 	}
 	c.q = append(c.q, x)
-	c.live++
 	h.RequestStarted(x)
 }
 
 func (a *Assembler) response(ev *loader.HTTPEvent, h Handler) {
 	c := a.conns[ev.ConnId]
-	if c == nil || len(c.q) == 0 {
+	if c == nil {
 		a.st.OrphanResponses++
 		return
 	}
-	c.lastSeen = a.now
-	x := c.q[0]
-	c.q[0] = nil
-	c.q = c.q[1:]
-	if x == nil {
-		a.st.OrphanResponses++
+	// Requests before the one this response answers will get no response
+	// record: HTTP/1.x answers in order, so theirs were lost.
+	k := 0
+	for k < len(c.q) && c.q[k].Seq < ev.Seq {
+		k++
+	}
+	if k > 0 {
+		end := ev.StartNs
+		for i, x := range c.q[:k] {
+			// It was answered before the next request on the connection
+			// began (HTTP/1.x clients do not pipeline), or before this
+			// response at the latest.
+			t := end
+			if i+1 < len(c.q) && c.q[i+1].ReqStart < t {
+				t = c.q[i+1].ReqStart
+			}
+			x.Err = ErrResponseLost
+			x.RespStart, x.RespEnd = t, t
+			a.st.ResponsesLost++
+			a.complete(x, h)
+			c.q[i] = nil
+		}
+		c.q = c.q[k:]
+	}
+	if len(c.q) == 0 || c.q[0].Seq != ev.Seq {
+		a.st.OrphanResponses++ // its request's record was lost, or came before attach
 	} else {
-		c.live--
+		x := c.q[0]
+		c.q[0] = nil
+		c.q = c.q[1:]
 		x.Status = int(ev.Status)
 		x.RespStart, x.RespEnd = ev.StartNs, ev.EndNs
 		x.RespFlags = ev.Flags
@@ -247,9 +269,6 @@ func (a *Assembler) complete(x *Exchange, h Handler) {
 func (a *Assembler) finishAll(id uint64, c *conn, err error, t uint64, h Handler) {
 	delete(a.conns, id)
 	for _, x := range c.q {
-		if x == nil {
-			continue
-		}
 		x.Err = err
 		x.RespStart, x.RespEnd = t, t
 		if err == ErrEvicted {
@@ -257,12 +276,11 @@ func (a *Assembler) finishAll(id uint64, c *conn, err error, t uint64, h Handler
 		}
 		a.complete(x, h)
 	}
-	c.q, c.live = nil, 0
+	c.q = nil
 }
 
 // Expire ends requests older than MaxAge at kernel time now (ErrEvicted) and
-// forgets connections with nothing left but placeholders that have been quiet
-// that long. Add calls it every few seconds of kernel time; call it from a
+// forgets connections left with none. Add calls it every few seconds of kernel time; call it from a
 // timer too when records may stop arriving.
 func (a *Assembler) Expire(now uint64, h Handler) {
 	a.lastSweep = now
@@ -272,18 +290,20 @@ func (a *Assembler) Expire(now uint64, h Handler) {
 	}
 	cutoff := now - maxAge
 	for id, c := range a.conns {
-		for i, x := range c.q {
-			if x == nil || x.ReqStart >= cutoff {
+		kept := c.q[:0]
+		for _, x := range c.q {
+			if x.ReqStart >= cutoff {
+				kept = append(kept, x)
 				continue
 			}
-			c.q[i] = nil // the placeholder keeps later responses paired
-			c.live--
 			x.Err = ErrEvicted
 			x.RespStart, x.RespEnd = now, now
 			a.st.Evicted++
 			a.complete(x, h)
 		}
-		if c.live == 0 && c.lastSeen < cutoff {
+		clear(c.q[len(kept):])
+		c.q = kept
+		if len(c.q) == 0 {
 			delete(a.conns, id)
 		}
 	}

@@ -18,15 +18,17 @@ type recorder struct {
 func (r *recorder) RequestStarted(x *Exchange) { r.started = append(r.started, x) }
 func (r *recorder) ExchangeDone(x *Exchange)   { r.done = append(r.done, x) }
 
-func reqEv(conn uint64, path string, t uint64) *loader.HTTPEvent {
+// reqEv is request seq of connection conn (the kernel's per-connection index);
+// respEv answers request seq.
+func reqEv(conn, seq uint64, path string, t uint64) *loader.HTTPEvent {
 	ev := &loader.HTTPEvent{Kind: loader.EvRequest, Side: loader.SideServer, Method: loader.MethodPOST,
-		ConnId: conn, Pid: 1, StartNs: t, EndNs: t + 1}
+		ConnId: conn, Seq: seq, Pid: 1, StartNs: t, EndNs: t + 1}
 	ev.PathLen = uint16(copy(ev.Path[:], path))
 	return ev
 }
 
-func respEv(conn uint64, status uint16, t uint64, flags uint16) *loader.HTTPEvent {
-	return &loader.HTTPEvent{Kind: loader.EvResponse, Side: loader.SideServer, ConnId: conn,
+func respEv(conn, seq uint64, status uint16, t uint64, flags uint16) *loader.HTTPEvent {
+	return &loader.HTTPEvent{Kind: loader.EvResponse, Side: loader.SideServer, ConnId: conn, Seq: seq,
 		Pid: 1, Status: status, StartNs: t, EndNs: t + 1, Flags: flags}
 }
 
@@ -37,17 +39,17 @@ func closeEv(conn uint64, t uint64, flags uint16) *loader.HTTPEvent {
 
 func TestAssemblerPipeliningPairsFIFO(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
-	a.Add(reqEv(1, "/a", 10), r)
-	a.Add(reqEv(1, "/b", 20), r)
-	a.Add(reqEv(2, "/other", 25), r) // an interleaved connection must not disturb conn 1
-	a.Add(reqEv(1, "/c", 30), r)
+	a.Add(reqEv(1, 0, "/a", 10), r)
+	a.Add(reqEv(1, 1, "/b", 20), r)
+	a.Add(reqEv(2, 0, "/other", 25), r) // an interleaved connection must not disturb conn 1
+	a.Add(reqEv(1, 2, "/c", 30), r)
 	if len(r.started) != 4 || len(r.done) != 0 {
 		t.Fatalf("started %d done %d, want 4 and 0", len(r.started), len(r.done))
 	}
-	a.Add(respEv(1, 200, 40, 0), r)
-	a.Add(respEv(1, 404, 50, 0), r)
-	a.Add(respEv(2, 201, 55, 0), r)
-	a.Add(respEv(1, 500, 60, 0), r)
+	a.Add(respEv(1, 0, 200, 40, 0), r)
+	a.Add(respEv(1, 1, 404, 50, 0), r)
+	a.Add(respEv(2, 0, 201, 55, 0), r)
+	a.Add(respEv(1, 2, 500, 60, 0), r)
 	want := []struct {
 		path   string
 		status int
@@ -75,9 +77,9 @@ func TestAssemblerCloseWithPending(t *testing.T) {
 		want  error
 	}{{0, ErrClosed}, {loader.FlagConnError, ErrConnReset}} {
 		a, r := NewAssembler(AssemblerOptions{}), &recorder{}
-		a.Add(reqEv(1, "/a", 10), r)
-		a.Add(reqEv(1, "/b", 20), r)
-		a.Add(respEv(1, 200, 30, 0), r)
+		a.Add(reqEv(1, 0, "/a", 10), r)
+		a.Add(reqEv(1, 1, "/b", 20), r)
+		a.Add(respEv(1, 0, 200, 30, 0), r)
 		a.Add(closeEv(1, 99, c.flags), r)
 		if len(r.done) != 2 {
 			t.Fatalf("done %d, want 2", len(r.done))
@@ -94,16 +96,16 @@ func TestAssemblerCloseWithPending(t *testing.T) {
 
 func TestAssemblerResponseFlags(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
-	a.Add(reqEv(1, "/a", 10), r)
-	a.Add(respEv(1, 200, 20, loader.FlagConnError), r)
+	a.Add(reqEv(1, 0, "/a", 10), r)
+	a.Add(respEv(1, 0, 200, 20, loader.FlagConnError), r)
 	if r.done[0].Err != ErrConnReset || r.done[0].Status != 200 {
 		t.Errorf("mid-body reset: err=%v status=%d", r.done[0].Err, r.done[0].Status)
 	}
 	// A body ended by close ends the connection: a request queued behind it is
 	// never answered.
-	a.Add(reqEv(2, "/x", 30), r)
-	a.Add(reqEv(2, "/y", 31), r)
-	a.Add(respEv(2, 200, 40, loader.FlagEndByClose), r)
+	a.Add(reqEv(2, 0, "/x", 30), r)
+	a.Add(reqEv(2, 1, "/y", 31), r)
+	a.Add(respEv(2, 0, 200, 40, loader.FlagEndByClose), r)
 	if len(r.done) != 3 || r.done[1].Err != nil || r.done[2].Err != ErrClosed {
 		t.Fatalf("end-by-close: %d done", len(r.done))
 	}
@@ -114,8 +116,8 @@ func TestAssemblerResponseFlags(t *testing.T) {
 
 func TestAssemblerOrphansAndUnknownSide(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
-	a.Add(respEv(5, 200, 10, loader.FlagResync), r)
-	ev := reqEv(6, "/a", 20)
+	a.Add(respEv(5, 0, 200, 10, loader.FlagResync), r)
+	ev := reqEv(6, 0, "/a", 20)
 	ev.Side = loader.SideUnknown
 	a.Add(ev, r)
 	s := a.Stats()
@@ -124,18 +126,18 @@ func TestAssemblerOrphansAndUnknownSide(t *testing.T) {
 	}
 }
 
-// Requests beyond MaxPending are dropped but keep their place: the response of
-// a dropped request must not pair with a later one.
+// Requests beyond MaxPending are dropped: the response of a dropped request
+// must not pair with a later one.
 func TestAssemblerPendingLimitKeepsPairing(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{MaxPending: 2}), &recorder{}
-	a.Add(reqEv(1, "/1", 10), r)
-	a.Add(reqEv(1, "/2", 11), r)
-	a.Add(reqEv(1, "/3", 12), r) // dropped
-	a.Add(respEv(1, 201, 20, 0), r)
-	a.Add(reqEv(1, "/4", 21), r)
-	a.Add(respEv(1, 202, 22, 0), r)
-	a.Add(respEv(1, 203, 23, 0), r) // answers the dropped /3
-	a.Add(respEv(1, 204, 24, 0), r)
+	a.Add(reqEv(1, 0, "/1", 10), r)
+	a.Add(reqEv(1, 1, "/2", 11), r)
+	a.Add(reqEv(1, 2, "/3", 12), r) // dropped
+	a.Add(respEv(1, 0, 201, 20, 0), r)
+	a.Add(reqEv(1, 3, "/4", 21), r)
+	a.Add(respEv(1, 1, 202, 22, 0), r)
+	a.Add(respEv(1, 2, 203, 23, 0), r) // answers the dropped /3
+	a.Add(respEv(1, 3, 204, 24, 0), r)
 	got := map[string]int{}
 	for _, x := range r.done {
 		got[x.Path] = x.Status
@@ -151,7 +153,7 @@ func TestAssemblerPendingLimitKeepsPairing(t *testing.T) {
 func TestAssemblerConnLimit(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{MaxConns: 2}), &recorder{}
 	for i := uint64(1); i <= 3; i++ {
-		a.Add(reqEv(i, "/", 10*i), r)
+		a.Add(reqEv(i, 0, "/", 10*i), r)
 	}
 	if s := a.Stats(); s.DroppedConnLimit != 1 || s.OpenConns != 2 {
 		t.Errorf("stats %+v", s)
@@ -161,20 +163,20 @@ func TestAssemblerConnLimit(t *testing.T) {
 func TestAssemblerExpire(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{MaxAge: time.Second}), &recorder{}
 	sec := uint64(time.Second)
-	a.Add(reqEv(1, "/old", 1*sec), r)
-	a.Add(reqEv(1, "/new", 3*sec), r)
+	a.Add(reqEv(1, 0, "/old", 1*sec), r)
+	a.Add(reqEv(1, 1, "/new", 3*sec), r)
 	a.Expire(3*sec, r)
 	if len(r.done) != 1 || r.done[0].Path != "/old" || r.done[0].Err != ErrEvicted {
 		t.Fatalf("expire: %d done", len(r.done))
 	}
-	// The evicted request's response still consumes its slot.
-	a.Add(respEv(1, 200, 3*sec+5, 0), r)
-	a.Add(respEv(1, 201, 3*sec+6, 0), r)
+	// The evicted request's response pairs with nothing.
+	a.Add(respEv(1, 0, 200, 3*sec+5, 0), r)
+	a.Add(respEv(1, 1, 201, 3*sec+6, 0), r)
 	if len(r.done) != 2 || r.done[1].Path != "/new" || r.done[1].Status != 201 {
 		t.Fatalf("after expire, /new paired wrongly")
 	}
-	// A connection left with only placeholders is forgotten once quiet.
-	a.Add(reqEv(2, "/gone", 4*sec), r)
+	// A connection left with nothing is forgotten.
+	a.Add(reqEv(2, 0, "/gone", 4*sec), r)
 	a.Expire(10*sec, r)
 	if s := a.Stats(); s.OpenConns != 0 || s.Evicted != 2 {
 		t.Errorf("stats %+v", s)
@@ -183,8 +185,8 @@ func TestAssemblerExpire(t *testing.T) {
 
 func TestAssemblerDrain(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
-	a.Add(reqEv(1, "/a", 10), r)
-	a.Add(reqEv(2, "/b", 10), r)
+	a.Add(reqEv(1, 0, "/a", 10), r)
+	a.Add(reqEv(2, 0, "/b", 10), r)
 	a.Drain(50, ErrShutdown, r)
 	if len(r.done) != 2 || r.done[0].Err != ErrShutdown || r.done[0].RespEnd != 50 {
 		t.Fatalf("drain: %+v", r.done)
@@ -208,12 +210,12 @@ func TestClock(t *testing.T) {
 
 func TestAssemblerCarriesReward(t *testing.T) {
 	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
-	a.Add(reqEv(1, "/verify", 10), r)
-	a.Add(reqEv(1, "/verify", 20), r)
-	resp := respEv(1, 200, 30, loader.FlagReward)
+	a.Add(reqEv(1, 0, "/verify", 10), r)
+	a.Add(reqEv(1, 1, "/verify", 20), r)
+	resp := respEv(1, 0, 200, 30, loader.FlagReward)
 	copy(resp.Reward[:], "0.75")
 	a.Add(resp, r)
-	a.Add(respEv(1, 200, 40, 0), r)
+	a.Add(respEv(1, 1, 200, 40, 0), r)
 	if len(r.done) != 2 {
 		t.Fatalf("done %d, want 2", len(r.done))
 	}
@@ -222,5 +224,63 @@ func TestAssemblerCarriesReward(t *testing.T) {
 	}
 	if x := r.done[1]; x.HasReward || x.Reward != 0 {
 		t.Errorf("second exchange: reward %v (%v), want none", x.Reward, x.HasReward)
+	}
+}
+
+// A response record lost in the ring buffer (issue: a lost record shifted
+// every later pairing on its connection by one). Its exchange ends as
+// ErrResponseLost, at the next request's start; the later ones pair with
+// their own responses.
+func TestAssemblerLostResponseShiftsNothing(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, 0, "/seed_session", 10), r)
+	// response 0 lost
+	a.Add(reqEv(1, 1, "/get_weather", 30), r)
+	a.Add(respEv(1, 1, 201, 40, 0), r)
+	a.Add(reqEv(1, 2, "/verify", 50), r)
+	a.Add(respEv(1, 2, 202, 60, 0), r)
+	if len(r.done) != 3 {
+		t.Fatalf("done %d, want 3", len(r.done))
+	}
+	if x := r.done[0]; x.Path != "/seed_session" || x.Err != ErrResponseLost || x.Status != 0 || x.RespEnd != 30 {
+		t.Errorf("lost response: %s err=%v status=%d end=%d, want /seed_session ErrResponseLost 0 30", x.Path, x.Err, x.Status, x.RespEnd)
+	}
+	if x := r.done[1]; x.Path != "/get_weather" || x.Status != 201 || x.Err != nil {
+		t.Errorf("after the loss: %s %d %v, want /get_weather 201", x.Path, x.Status, x.Err)
+	}
+	if x := r.done[2]; x.Path != "/verify" || x.Status != 202 || x.Err != nil {
+		t.Errorf("after the loss: %s %d %v, want /verify 202", x.Path, x.Status, x.Err)
+	}
+	if s := a.Stats(); s.ResponsesLost != 1 || s.OpenExchanges != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// A request record lost: its response pairs with nothing, and the next
+// request still gets its own answer.
+func TestAssemblerLostRequestShiftsNothing(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	// request 0 lost
+	a.Add(respEv(1, 0, 200, 20, 0), r)
+	a.Add(reqEv(1, 1, "/b", 30), r)
+	a.Add(respEv(1, 1, 201, 40, 0), r)
+	if len(r.done) != 1 || r.done[0].Path != "/b" || r.done[0].Status != 201 {
+		t.Fatalf("done %d (%v), want /b 201", len(r.done), r.done)
+	}
+	// Lost while an earlier one waits.
+	a.Add(reqEv(2, 0, "/x", 10), r)
+	a.Add(reqEv(2, 2, "/z", 30), r) // request 1 lost
+	a.Add(respEv(2, 0, 200, 40, 0), r)
+	a.Add(respEv(2, 1, 500, 50, 0), r) // answers the lost /y
+	a.Add(respEv(2, 2, 202, 60, 0), r)
+	got := map[string]int{}
+	for _, x := range r.done[1:] {
+		got[x.Path] = x.Status
+	}
+	if got["/x"] != 200 || got["/z"] != 202 || len(got) != 2 {
+		t.Errorf("pairs = %v, want /x 200, /z 202", got)
+	}
+	if s := a.Stats(); s.OrphanResponses != 2 || s.ResponsesLost != 0 {
+		t.Errorf("stats %+v", s)
 	}
 }

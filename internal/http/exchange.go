@@ -2,7 +2,8 @@
 
 // Package http turns the kernel's per-message records (loader.HTTPEvent) into
 // HTTP exchanges: it decodes ring-buffer bytes, pairs each request with its
-// response per connection (FIFO, so pipelining pairs correctly), and converts
+// response per connection by the kernel's request index (so pipelining pairs
+// correctly, and a lost record shifts nothing), and converts
 // kernel monotonic timestamps to wall-clock time. It knows nothing of Gym:
 // naming, groups and parents are internal/spans' job.
 package http
@@ -28,6 +29,10 @@ var (
 	ErrEvicted = errors.New("exchange evicted by gymtrace before its response was seen")
 	// ErrShutdown: gymtrace stopped while the exchange was in flight.
 	ErrShutdown = errors.New("gymtrace stopped before the response was seen")
+	// ErrResponseLost: a later response on the connection arrived first, so
+	// this one's record was lost (ring buffer full, or the kernel lost the
+	// connection's framing). The exchange ended; when exactly is not known.
+	ErrResponseLost = errors.New("the response's record was lost")
 )
 
 // Rollout is the rollout identity the kernel read from a /run request body
@@ -124,6 +129,10 @@ type Exchange struct {
 	// same request: their records pair exactly (spans, join.go).
 	StreamSeq    uint32
 	HasStreamSeq bool
+	// Gap: the kernel lost this side's framing on the connection at some
+	// point before this request, so Seq may not match the peer's count.
+	// Lost: a record of this connection was lost just before this one.
+	Gap, Lost bool
 
 	// Err is nil when the response completed, else why it did not (ErrConnReset,
 	// ErrClosed, ErrEvicted, ErrShutdown). A response that arrived but whose

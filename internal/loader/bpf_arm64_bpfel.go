@@ -86,7 +86,8 @@ type bpfGtConn struct {
 	CarryDir    uint8
 	ServedNoted uint8
 	Fresh       uint8
-	Pad3        [4]uint8
+	Gap         uint8
+	Pad3        [3]uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -117,7 +118,8 @@ type bpfGtConn struct {
 		CauseSeq  uint64
 		StreamSeq uint32
 		StreamOk  uint8
-		PadStream [3]uint8
+		Gap       uint8
+		PadStream [2]uint8
 		Tuple     struct {
 			_      structs.HostLayout
 			Laddr  [16]uint8
@@ -181,6 +183,13 @@ const (
 	bpfGtEventKindGT_EV_PROC_EXIT     bpfGtEventKind = 6
 	bpfGtEventKindGT_EV_SANDBOX_START bpfGtEventKind = 7
 	bpfGtEventKindGT_EV_SANDBOX_END   bpfGtEventKind = 8
+)
+
+type bpfGtGap uint32
+
+const (
+	bpfGtGapGT_GAP_FRAMING bpfGtGap = 1
+	bpfGtGapGT_GAP_LOST    bpfGtGap = 2
 )
 
 type bpfGtInjScan struct {
@@ -727,7 +736,8 @@ type bpfHttpEvent struct {
 	CauseSeq  uint64
 	StreamSeq uint32
 	StreamOk  uint8
-	PadStream [3]uint8
+	Gap       uint8
+	PadStream [2]uint8
 	Tuple     struct {
 		_      structs.HostLayout
 		Laddr  [16]uint8
@@ -836,6 +846,7 @@ const (
 	bpfProgGtTlsRwRet           = "gt_tls_rw_ret"
 	bpfVarGtContractCfgFlag     = "gt_contract_cfg_flag"
 	bpfVarGtContractFlag        = "gt_contract_flag"
+	bpfVarGtContractGap         = "gt_contract_gap"
 	bpfVarGtContractHttpEvent   = "gt_contract_http_event"
 	bpfVarGtContractInjectCfg   = "gt_contract_inject_cfg"
 	bpfVarGtContractInjectStat  = "gt_contract_inject_stat"
@@ -973,6 +984,7 @@ type bpfMapSpecs struct {
 type bpfVariableSpecs struct {
 	GtContractCfgFlag    *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
 	GtContractFlag       *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
+	GtContractGap        *ebpf.VariableSpec `ebpf:"gt_contract_gap"`
 	GtContractHttpEvent  *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
 	GtContractInjectCfg  *ebpf.VariableSpec `ebpf:"gt_contract_inject_cfg"`
 	GtContractInjectStat *ebpf.VariableSpec `ebpf:"gt_contract_inject_stat"`
@@ -1095,6 +1107,7 @@ func (m *bpfMaps) Close() error {
 type bpfVariables struct {
 	GtContractCfgFlag    *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
 	GtContractFlag       *ebpf.Variable `ebpf:"gt_contract_flag"`
+	GtContractGap        *ebpf.Variable `ebpf:"gt_contract_gap"`
 	GtContractHttpEvent  *ebpf.Variable `ebpf:"gt_contract_http_event"`
 	GtContractInjectCfg  *ebpf.Variable `ebpf:"gt_contract_inject_cfg"`
 	GtContractInjectStat *ebpf.Variable `ebpf:"gt_contract_inject_stat"`

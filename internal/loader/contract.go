@@ -120,6 +120,17 @@ const (
 	FlagReward = uint16(bpfGtEventFlagGT_F_REWARD)
 )
 
+// What a request record says the kernel lost on its connection before it
+// (HTTPEvent.Gap bits, enum gt_gap).
+const (
+	// GapFraming: this side's framing was lost at least once, so its
+	// request index (Seq) may differ from the peer's.
+	GapFraming = uint8(bpfGtGapGT_GAP_FRAMING)
+	// GapLost: a record of the connection was lost since the previous
+	// request record (ring buffer full).
+	GapLost = uint8(bpfGtGapGT_GAP_LOST)
+)
+
 // Statistics slots in the per-CPU gt_stats array.
 const (
 	StatEmitted      = uint32(bpfGtStatGT_STAT_EMITTED)

@@ -73,7 +73,8 @@ type Stats struct {
 	ParentNoContext      uint64               // ... of which the process's asyncio context cannot be read (an unrecognised uvloop build)
 	JoinedTuple          uint64               // server spans joined to a client span on this node by connection
 	JoinedStream         uint64               // server requests paired with their client request by TCP stream position (join.go)
-	StreamPastGuard      uint64               // ... of which order and time alone would have refused the pair
+	JoinedIndex          uint64               // ... by request index on a connection both ends followed whole (TLS)
+	JoinUnprovable       uint64               // requests dropped from a join queue unpaired: no proof matched (join.go)
 	LateExpired          uint64               // finished server requests whose client's record did not come in time: out unjoined
 	LateJoins            uint64               // ... of which the client's record arrived after the server's
 	JoinedAfterEnd       uint64               // ... of which after the server had answered (AwaitedClient)

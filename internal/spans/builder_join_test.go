@@ -28,11 +28,12 @@ func TestLateClientRecordStillJoins(t *testing.T) {
 // On a busy machine the server's read can return milliseconds before the
 // client's write does (the woken reader preempts the writer). On a
 // connection the kernel followed from its first byte (FlagFresh) the pairing
-// is by order and holds; on one picked up mid-stream the timing guard still
-// refuses a client that "started" after the request was read.
+// is by request index and holds; on one picked up mid-stream without stream
+// positions nothing proves a pair, whatever the timing: unjoined.
 func TestJoinWhenTheWriterReturnsLate(t *testing.T) {
 	for _, fresh := range []bool{true, false} {
 		s := newSim(t, "server,http_client")
+		s.midStream = !fresh
 		s.lateCli, s.cliLag = true, uint64(20*time.Millisecond)
 		c := s.dial(pidAgent, pidResources, resAddr)
 		var opts []reqOpt
@@ -188,7 +189,7 @@ func TestClientRecordAfterServerAnswered(t *testing.T) {
 	// new loopback one (its first request then joins too).
 	for _, fresh := range []bool{false, true} {
 		s2 := newSim(t, "server,http_client")
-		s2.cliLast = true
+		s2.cliLast, s2.midStream = true, !fresh
 		var opts []reqOpt
 		if fresh {
 			opts = append(opts, withFlags(loader.FlagFresh))

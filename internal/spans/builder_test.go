@@ -290,7 +290,9 @@ func TestRoleInference(t *testing.T) {
 	m := s.dial(pidAgent, pidModel, modelAddr)
 	m.request(loader.MethodPOST, "/v1/responses").respond(200) // model or agent? unknown
 	a := s.dial(pidCollector, pidAgent, agentAddr)
+	s.midStream = true                                // no join wait: the collector is not traced
 	a.request(loader.MethodPOST, "/run").respond(200) // an agent
+	s.midStream = false
 	s.dial(pidAgent, pidAgent, agentAddr).request(loader.MethodPOST, "/v1/responses").respond(200)
 	m.request(loader.MethodPOST, "/v1/chat/completions").respond(200) // a model
 	m.request(loader.MethodPOST, "/v1/responses").respond(200)

@@ -79,6 +79,15 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 			return in
 		}
 	}
+	if x.PyCtx != 0 {
+		// The kernel read the call's asyncio context, and no request is
+		// bound to it: its handler's request record was lost, or its task
+		// was born before gymtrace attached. What else is in flight says
+		// nothing then (the set may lack the very request): unattributed.
+		b.st.ParentNone++
+		*why = "context_unbound"
+		return nil
+	}
 	var only *inbound
 	n := 0
 	b.epoch++

@@ -208,7 +208,12 @@ func childOf(n, parent *node) bool {
 
 func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange, start, end uint64,
 	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass) {
-	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted
+	// A lost response record: the span ends at the latest moment its
+	// response can have ended (http.ErrResponseLost), and says it is cut.
+	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted || x.Err == http.ErrResponseLost
+	if x.Err == http.ErrResponseLost {
+		attrs = append(attrs, attribute.String("gymtrace.record.lost", "response"))
+	}
 	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host, Status: x.Status,
 		Reward: x.Reward, HasReward: x.HasReward}
 	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)

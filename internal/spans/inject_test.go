@@ -218,6 +218,7 @@ func withKernelTrace(tid trace.TraceID, sampled bool) reqOpt {
 // exchange ends.
 func TestKernelStartedTraceAdopted(t *testing.T) {
 	s, f := newInjectSim(t, "per_rollout")
+	s.midStream = true // no join wait: the collector is not traced
 	tid := trace.TraceID{0xa1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	run := s.dial(pidCollector, pidAgent, agentAddr)
 	call := run.request(loader.MethodPOST, "/run", withKernelTrace(tid, true))

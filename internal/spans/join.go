@@ -27,53 +27,67 @@ type joinQueue struct {
 	servers []*inbound
 }
 
-// joinSlack absorbs the order in which the two ends' syscalls return: both
-// timestamps are taken at syscall exit, so the reader's read can return
-// before the writer's write does: by tens of microseconds usually, by
-// milliseconds when the woken reader preempts the writer on a busy machine.
-// The timing test is only a guard for connections picked up mid-stream
-// (inOrder).
-const joinSlack = uint64(2 * time.Millisecond)
+// A pair is proven, never guessed: a client request and a server request are
+// the same request only when one of these says so, and their methods and
+// paths agree. Anything else stays unjoined and is counted (a wrong parent is
+// worse than a missing one). Neither proof depends on the order in which the
+// two ends' records arrive, nor on timestamps, nor on every record arriving:
+// a lost record leaves its own request unjoined and shifts no other pair.
+type proof uint8
 
-// inOrder reports whether client request c and server request s come from a
-// connection the kernel followed from its first byte on both ends
-// (loader.FlagFresh): then each end's k-th request is the other's k-th, in
-// the queue's order, and no timestamp can contradict that. (HTTP/1.1 clients
-// write request k+1 after reading response k, and both ends' exchange k has
-// left the queue by then, so a lost record does not shift the pairing.)
-func inOrder(c, s *http.Exchange) bool {
-	return c.ReqFlags&s.ReqFlags&loader.FlagFresh != 0
+const (
+	proofNone proof = iota
+	// Both kernels read where the request starts in the connection's TCP
+	// stream (http.Exchange.StreamSeq): the same number is the same
+	// request, on a connection followed from its first byte or picked up
+	// mid-stream alike. A request gymtrace injected a traceparent into is
+	// longer on the wire than its writer wrote it, so its client-side
+	// position is off; it, and the later requests on its connection, pair
+	// by the traceparent it carries instead (injectedPair).
+	proofStream
+	// Without stream positions (TLS plaintext): both ends followed the
+	// connection from its first byte (loader.FlagFresh) and neither lost
+	// its framing since (loader.FlagGap): then the kernel's request index
+	// on the connection (http.Exchange.Seq) is the same on both ends.
+	proofIndex
+)
+
+// proofOf says how client request c and server request s can be proven to be
+// the same request.
+func proofOf(c, s *http.Exchange) proof {
+	switch {
+	case c.HasStreamSeq && s.HasStreamSeq:
+		if c.ReqFlags&loader.FlagInjected != 0 {
+			return proofNone
+		}
+		return proofStream
+	case c.ReqFlags&s.ReqFlags&loader.FlagFresh != 0 && !c.Gap && !s.Gap:
+		return proofIndex
+	}
+	return proofNone
 }
 
-// byStream reports whether client request c and server request s pair by
-// stream position: both kernels read where the request starts in the
-// connection's TCP stream (http.Exchange.StreamSeq), and the connection was
-// picked up mid-stream (on one followed from its first byte on both ends,
-// queue order is exact already: inOrder). Then equal positions are the same
-// request and nothing else is, whatever order the records came in and
-// however far apart the two ends' syscalls returned. A request gymtrace
-// injected a traceparent into is longer on the wire than the client wrote it,
-// so its client-side position is off: it pairs by order and time (and
-// carries the trace in-band anyway).
-func byStream(c, s *http.Exchange) bool {
-	return c.HasStreamSeq && s.HasStreamSeq && c.ReqFlags&loader.FlagInjected == 0 && !inOrder(c, s)
+// samePair reports whether client request c is proven to have sent server
+// request s.
+func samePair(c, s *http.Exchange) bool {
+	if c.Method != s.Method || c.Path != s.Path {
+		return false
+	}
+	switch proofOf(c, s) {
+	case proofStream:
+		return c.StreamSeq == s.StreamSeq
+	case proofIndex:
+		return c.Seq == s.Seq
+	}
+	return false
 }
 
-// sentBy reports whether the oldest queued client request c can have sent
-// server request s when the stream cannot say: a client that started writing
-// after s was fully read cannot, unless both ends were followed from the
-// first byte (inOrder).
-func sentBy(c, s *http.Exchange) bool {
-	return c.ReqStart <= s.ReqEnd+joinSlack || inOrder(c, s)
-}
-
-// countStream counts a pair made by stream position, and whether order and
-// time alone would have refused it (what a loaded machine does to a
-// connection picked up mid-stream).
-func (b *Builder) countStream(c, s *http.Exchange) {
-	b.st.JoinedStream++
-	if !sentBy(c, s) {
-		b.st.StreamPastGuard++
+// countPair counts a proven pair by its proof.
+func (b *Builder) countPair(c, s *http.Exchange) {
+	if proofOf(c, s) == proofStream {
+		b.st.JoinedStream++
+	} else {
+		b.st.JoinedIndex++
 	}
 }
 
@@ -84,14 +98,10 @@ func (b *Builder) joinServer(k tupleKey, in *inbound) {
 		b.tuples[k] = q
 	} else {
 		for i, c := range q.clients {
-			if byStream(c.x, in.x) {
-				if c.x.StreamSeq != in.x.StreamSeq {
-					continue // another request on the connection
-				}
-				b.countStream(c.x, in.x)
-			} else if i > 0 || !sentBy(c.x, in.x) {
-				break // leave it for the next request
+			if !samePair(c.x, in.x) {
+				continue // another request on the connection, or no proof
 			}
+			b.countPair(c.x, in.x)
 			q.clients = slices.Delete(q.clients, i, i+1)
 			c.queued = false
 			in.via = c
@@ -101,6 +111,7 @@ func (b *Builder) joinServer(k tupleKey, in *inbound) {
 	}
 	in.waiting = true
 	q.servers = append(q.servers, in)
+	b.boundQueue(k, q)
 }
 
 func (b *Builder) joinClient(k tupleKey, out *outbound) {
@@ -110,24 +121,11 @@ func (b *Builder) joinClient(k tupleKey, out *outbound) {
 		q = &joinQueue{}
 		b.tuples[k] = q
 	} else {
-		for i := 0; i < len(q.servers); {
-			s := q.servers[i]
-			if byStream(out.x, s.x) {
-				if out.x.StreamSeq != s.x.StreamSeq {
-					i++
-					continue
-				}
-				b.countStream(out.x, s.x)
-			} else if i > 0 {
-				break
-			} else if !sentBy(out.x, s.x) {
-				// Fully read before this client began writing: sent by an
-				// earlier, unseen client request.
-				q.servers = slices.Delete(q.servers, 0, 1)
-				s.waiting = false
-				b.emitLate(s)
+		for i, s := range q.servers {
+			if !samePair(out.x, s.x) {
 				continue
 			}
+			b.countPair(out.x, s.x)
 			q.servers = slices.Delete(q.servers, i, i+1)
 			s.waiting = false
 			b.lateJoin(s, out)
@@ -137,6 +135,27 @@ func (b *Builder) joinClient(k tupleKey, out *outbound) {
 	}
 	out.queued = true
 	q.clients = append(q.clients, out)
+	b.boundQueue(k, q)
+}
+
+// maxQueued bounds each side of one connection's join queue. Entries leave
+// when their exchange ends, so a queue this long is a connection whose
+// records cannot pair (no proof): the oldest is dropped from it, unjoined.
+const maxQueued = 64
+
+func (b *Builder) boundQueue(k tupleKey, q *joinQueue) {
+	for len(q.clients) > maxQueued {
+		q.clients[0].queued = false
+		q.clients = slices.Delete(q.clients, 0, 1)
+		b.st.JoinUnprovable++
+	}
+	for len(q.servers) > maxQueued {
+		s := q.servers[0]
+		q.servers = slices.Delete(q.servers, 0, 1)
+		s.waiting = false
+		b.st.JoinUnprovable++
+		b.emitLate(s)
+	}
 }
 
 // lateJoin links a server request to the client request that sent it when the
@@ -247,6 +266,9 @@ func (b *Builder) awaitClient(in *inbound) bool {
 	k := tupleKey{client: in.x.Remote, server: in.x.Local}
 	if in.server == nil || in.hasTP || in.server.parent != nil || in.server.frozen {
 		return false
+	}
+	if b.Mask()&groups.HTTPClient.Mask() == 0 {
+		return false // the kernel's gate drops every client record: none can come
 	}
 	if _, paired := b.pairs[k]; !paired {
 		// No client record on this connection yet. On loopback the client

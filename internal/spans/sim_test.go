@@ -37,8 +37,11 @@ type sim struct {
 	// cliLast: the client's REQUEST record comes after the server's whole
 	// exchange (its program took its timestamp first, reserved last).
 	cliLast bool
-	rec     [][]byte // when recording, records are kept here instead of processed
-	record  bool
+	// midStream: connections picked up mid-stream (no loader.FlagFresh), so
+	// without stream positions (withStream) nothing proves a join.
+	midStream bool
+	rec       [][]byte // when recording, records are kept here instead of processed
+	record    bool
 }
 
 const (
@@ -105,6 +108,7 @@ type call struct {
 	cliGroup groups.Mask
 	srvGroup groups.Mask
 	heldCli  *loader.HTTPEvent // cliLast: the client's REQUEST, fed after the server's RESPONSE
+	seq      uint64            // the request's index on its connection (both ends' kernels count alike)
 }
 
 type reqOpt func(ev *loader.HTTPEvent)
@@ -161,7 +165,7 @@ func (s *sim) feed(ev *loader.HTTPEvent) {
 
 func (c *simConn) request(method uint8, path string, opts ...reqOpt) *call {
 	s := c.s
-	k := &call{c: c, method: method, path: path, cliGroup: groups.HTTPClient.Mask()}
+	k := &call{c: c, method: method, path: path, cliGroup: groups.HTTPClient.Mask(), seq: c.seq}
 	role := groups.RoleUnknown
 	if p := s.procs[c.srvPID]; p != nil {
 		role = groups.Role(p.Role)
@@ -178,6 +182,9 @@ func (c *simConn) request(method uint8, path string, opts ...reqOpt) *call {
 		ev.PathLen = uint16(copy(ev.Path[:], path))
 		ev.Groups = uint64(g)
 		ev.Seq = c.seq
+		if !s.midStream {
+			ev.Flags |= loader.FlagFresh
+		}
 		for _, o := range opts {
 			o(ev)
 		}
@@ -224,7 +231,7 @@ func (k *call) respondFlags(status uint16, srvFlags, cliFlags uint16) {
 	c, s := k.c, k.c.s
 	if s.traced[c.srvPID] {
 		ev := s.event(loader.EvResponse, loader.SideServer, c.srvPID, c.srvConn, c.srv, c.cli)
-		ev.Status, ev.Groups, ev.Flags = status, uint64(k.srvGroup), srvFlags
+		ev.Status, ev.Groups, ev.Flags, ev.Seq = status, uint64(k.srvGroup), srvFlags, k.seq
 		s.feed(ev)
 	}
 	if k.heldCli != nil {
@@ -233,7 +240,7 @@ func (k *call) respondFlags(status uint16, srvFlags, cliFlags uint16) {
 	}
 	if s.traced[c.cliPID] {
 		ev := s.event(loader.EvResponse, loader.SideClient, c.cliPID, c.cliConn, c.cli, c.srv)
-		ev.Status, ev.Groups, ev.Flags = status, uint64(k.cliGroup), cliFlags
+		ev.Status, ev.Groups, ev.Flags, ev.Seq = status, uint64(k.cliGroup), cliFlags, k.seq
 		s.feed(ev)
 	}
 }

@@ -71,7 +71,8 @@ type pytestGtConn struct {
 	CarryDir    uint8
 	ServedNoted uint8
 	Fresh       uint8
-	Pad3        [4]uint8
+	Gap         uint8
+	Pad3        [3]uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -102,7 +103,8 @@ type pytestGtConn struct {
 		CauseSeq  uint64
 		StreamSeq uint32
 		StreamOk  uint8
-		PadStream [3]uint8
+		Gap       uint8
+		PadStream [2]uint8
 		Tuple     struct {
 			_      structs.HostLayout
 			Laddr  [16]uint8
