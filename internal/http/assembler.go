@@ -211,17 +211,12 @@ func (a *Assembler) response(ev *loader.HTTPEvent, h Handler) {
 		k++
 	}
 	if k > 0 {
-		end := ev.StartNs
 		for i, x := range c.q[:k] {
-			// It was answered before the next request on the connection
-			// began (HTTP/1.x clients do not pipeline), or before this
-			// response at the latest.
-			t := end
-			if i+1 < len(c.q) && c.q[i+1].ReqStart < t {
-				t = c.q[i+1].ReqStart
-			}
+			// When its response ended is not known (a keep-alive
+			// connection's next request can come much later): the span
+			// ends with its request, marked truncated.
 			x.Err = ErrResponseLost
-			x.RespStart, x.RespEnd = t, t
+			x.RespStart, x.RespEnd = x.ReqEnd, x.ReqEnd
 			a.st.ResponsesLost++
 			a.complete(x, h)
 			c.q[i] = nil

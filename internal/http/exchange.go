@@ -31,7 +31,8 @@ var (
 	ErrShutdown = errors.New("gymtrace stopped before the response was seen")
 	// ErrResponseLost: a later response on the connection arrived first, so
 	// this one's record was lost (ring buffer full, or the kernel lost the
-	// connection's framing). The exchange ended; when exactly is not known.
+	// connection's framing). The exchange ended; when is not known, so its
+	// response times are its request's end.
 	ErrResponseLost = errors.New("the response's record was lost")
 )
 

@@ -120,6 +120,11 @@ type Builder struct {
 	lc       lifecycle // gym.job and gym.sandbox.* (lifecycle.go)
 	jobIDs   map[uint32]jobIDs
 	noCtx    map[uint32]string // pid -> why its calls cannot name their request (SetNoContext)
+	// pid -> what keeps cause() from choosing among the requests in flight:
+	// causeCtx, its records carry the asyncio context (the kernel binds its
+	// calls, or nothing may); causeLossy, a record of it was lost, so the
+	// set in flight may lack the very request.
+	noGuess map[uint32]uint8
 	counts   map[uint32]*ReqCounts
 	// Roles by behaviour (roles.go).
 	held      map[uint32]*holdQueue
@@ -246,6 +251,7 @@ func (b *Builder) ForgetProcess(pid int) {
 	delete(b.procs, uint32(pid))
 	delete(b.jobIDs, uint32(pid))
 	delete(b.noCtx, uint32(pid))
+	delete(b.noGuess, uint32(pid))
 	delete(b.counts, uint32(pid))
 	if b.opt.Inject != nil {
 		b.opt.Inject.UnpublishJob(uint32(pid))
@@ -284,6 +290,7 @@ func (b *Builder) RequestStarted(x *http.Exchange) {
 		c.Made++
 	}
 	b.noteTime(x.ReqEnd)
+	b.noteGuess(x)
 	switch x.Side {
 	case loader.SideServer:
 		b.startServer(x)
@@ -303,6 +310,9 @@ func (b *Builder) ExchangeDone(x *http.Exchange) {
 	}
 	if x.Side == loader.SideServer && x.Err == nil && x.Status != 0 {
 		b.countsOf(x.PID).Answered++
+	}
+	if x.Err == http.ErrResponseLost {
+		b.noGuessFor(x.PID, causeLossy)
 	}
 	b.finish(x)
 }

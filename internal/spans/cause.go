@@ -79,13 +79,17 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 			return in
 		}
 	}
-	if x.PyCtx != 0 {
-		// The kernel read the call's asyncio context, and no request is
-		// bound to it: its handler's request record was lost, or its task
-		// was born before gymtrace attached. What else is in flight says
-		// nothing then (the set may lack the very request): unattributed.
+	if g := b.noGuess[x.PID]; x.PyCtx != 0 || g != 0 {
+		// The kernel reads this process's asyncio contexts, and no request
+		// is bound to this call's: its handler's request record was lost,
+		// or its task was born before gymtrace attached. Or records of the
+		// process were lost. What else is in flight proves nothing then
+		// (the set may lack the very request): unattributed.
 		b.st.ParentNone++
 		*why = "context_unbound"
+		if g&causeCtx == 0 {
+			*why = "records_lost"
+		}
 		return nil
 	}
 	var only *inbound
@@ -138,4 +142,32 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 		*why = r
 	}
 	return nil
+}
+
+const (
+	causeCtx   uint8 = 1 << iota // the process's records carry asyncio contexts
+	causeLossy                   // a record of the process was lost
+)
+
+// noteGuess learns from request x whether its process's calls may still be
+// attributed by what is in flight (cause): not once its records carry the
+// asyncio context (the kernel's binding is the proof there, and its absence
+// is no licence to guess), nor once one of its records was lost.
+func (b *Builder) noteGuess(x *http.Exchange) {
+	if x.PyCtx != 0 || x.CauseConn != 0 {
+		b.noGuessFor(x.PID, causeCtx)
+	}
+	if x.Lost {
+		b.noGuessFor(x.PID, causeLossy)
+	}
+}
+
+func (b *Builder) noGuessFor(pid uint32, why uint8) {
+	if b.noGuess[pid]&why != 0 {
+		return
+	}
+	if b.noGuess == nil {
+		b.noGuess = map[uint32]uint8{}
+	}
+	b.noGuess[pid] |= why
 }

@@ -214,6 +214,12 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 	if x.Err == http.ErrResponseLost {
 		attrs = append(attrs, attribute.String("gymtrace.record.lost", "response"))
 	}
+	if x.Lost {
+		// A record of this connection was lost just before this request's:
+		// what depended on it (a join, a parent, a rollout's wholeness) may
+		// be missing here.
+		attrs = append(attrs, attribute.Bool("gymtrace.connection.gap", true))
+	}
 	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host, Status: x.Status,
 		Reward: x.Reward, HasReward: x.HasReward}
 	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)

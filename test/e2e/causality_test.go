@@ -6,9 +6,12 @@ package e2e
 // --truth), gymtrace traces its three servers, and scoreCausality
 // (scorer_test.go) checks every CLIENT span's parent against the inbound
 // request whose handler really made the call, for Debian 12's CPython 3.11
-// and Debian 13's 3.13 (chroot), uvicorn h11 and httptools, with and without
-// every agent route behind Starlette's BaseHTTPMiddleware, at concurrency 1
-// to 256. uvloop is measured, and only required never to be wrong.
+// and Debian 13's 3.13 and sid's 3.14 (chroots), uvicorn h11 and httptools,
+// asyncio's loop and uvloop, with and without every agent route behind
+// Starlette's BaseHTTPMiddleware, at concurrency 1 to 256, on stacks traced
+// from before their first connection (fresh) or attached to while running,
+// beside contention (contention_test.go) and with a ring buffer small enough
+// to lose records. Every case: 0 wrong parents.
 //
 //	sudo go test ./test/e2e -run Causality -v -count=1
 //
@@ -166,7 +169,12 @@ type causalityStack struct {
 	http, loop, middleware string
 	fakebin                bool // fake sandbox CLIs first on the servers' PATH
 	reset                  bool // uvicorn --reset-contextvars (a fresh Context() per request; uvicorn >= 0.45: 3.14's)
-	cases                  []causalityCase
+	// fresh: each case starts a stack of its own with no warm-up and traces
+	// it from before its first call, so every connection (the keep-alive
+	// pools included) is followed from its first byte, as when gymtrace
+	// runs before Gym starts.
+	fresh bool
+	cases []causalityCase
 }
 
 func (sc causalityStack) name() string {
@@ -174,21 +182,39 @@ func (sc causalityStack) name() string {
 	if sc.reset {
 		n += "_reset-contextvars"
 	}
+	if sc.fresh {
+		n += "_fresh"
+	}
 	return n
 }
 
+// Ring buffers small enough that the test stack loses a few per cent of its
+// records (the reader drains it every 100 ms, or when a quarter full): at
+// concurrency 64, and at 16 with large bodies (fewer records a second).
+const (
+	lossyRing      = "16KiB"
+	lossyRingLarge = "8KiB"
+)
+
 type causalityCase struct {
-	groups      string // --span-groups
-	c, n        int    // concurrency, rollouts
-	collector   []string
-	long        bool // left out by -short / GYMTRACE_CAUSALITY_SHORT
-	measureOnly bool // uvloop: report; only "never wrong" is required
+	groups     string // --span-groups
+	c, n       int    // concurrency, rollouts
+	collector  []string
+	long       bool   // left out by -short / GYMTRACE_CAUSALITY_SHORT
+	contention bool   // beside one busy loop per core and a syscall storm (contention_test.go)
+	ringbuf    string // --ringbuf-bytes: small enough to lose records (the case asserts it did)
 }
 
 func (c causalityCase) name() string {
 	s := fmt.Sprintf("%s_c%d_n%d", c.groups, c.c, c.n)
 	if len(c.collector) > 0 {
 		s += "_" + strings.ReplaceAll(strings.Join(c.collector, ""), "--", "_")
+	}
+	if c.contention {
+		s += "_busy"
+	}
+	if c.ringbuf != "" {
+		s += "_ring" + c.ringbuf
 	}
 	return s
 }
@@ -232,10 +258,26 @@ var causalityStacks = []causalityStack{
 	{http: "h11", loop: "asyncio", middleware: "responses", reset: true, cases: []causalityCase{
 		{groups: "per_rollout", c: 16, n: 32, collector: []string{"--large-bodies"}},
 	}},
+	// Traced from the first byte of every connection, several rollouts per
+	// connection (n = 4c), as when gymtrace runs before Gym starts; beside
+	// contention (busy loops and a syscall storm), and with a ring buffer
+	// small enough to lose records (loss asserted, 0 wrong parents, every
+	// rollout no loss touched whole; the share whole is reported: a rollout
+	// is some 34 records, so at 1 % uniform loss about 70 % can be).
+	{http: "httptools", loop: "uvloop", middleware: "responses", fresh: true, cases: []causalityCase{
+		{groups: "per_rollout", c: 64, n: 256},
+		{groups: "per_rollout", c: 64, n: 256, contention: true},
+		{groups: "per_rollout", c: 256, n: 256, contention: true, long: true},
+		{groups: "per_rollout", c: 16, n: 64, collector: []string{"--large-bodies"}, contention: true},
+		{groups: "per_rollout", c: 64, n: 256, ringbuf: lossyRing},
+		{groups: "per_rollout", c: 16, n: 64, collector: []string{"--large-bodies"}, ringbuf: lossyRingLarge},
+	}},
+	{http: "httptools", loop: "asyncio", middleware: "responses", fresh: true, cases: []causalityCase{
+		{groups: "per_rollout", c: 64, n: 256, contention: true},
+		{groups: "per_rollout", c: 16, n: 64, collector: []string{"--large-bodies"}, contention: true},
+		{groups: "per_rollout", c: 64, n: 256, ringbuf: lossyRing},
+	}},
 }
-
-// The accuracy the issue asks for.
-const minParentAccuracy = 0.995
 
 func TestCausality(t *testing.T) {
 	needStack(t)
@@ -285,7 +327,10 @@ func TestCausality(t *testing.T) {
 					if sc.reset {
 						args = append(args, "--reset-contextvars")
 					}
-					st := startStack(t, t, args...)
+					var st *stack
+					if !sc.fresh {
+						st = startStack(t, t, args...)
+					}
 					for _, c := range sc.cases {
 						t.Run(c.name(), func(t *testing.T) {
 							if c.long && short {
@@ -299,7 +344,11 @@ func TestCausality(t *testing.T) {
 							if len(c.collector) > 0 {
 								row.Groups += " " + strings.Join(c.collector, " ")
 							}
-							row.Score, row.Elapsed = runCausalityCase(t, st, truthHost, c)
+							var mk func() *stack
+							if sc.fresh {
+								mk = func() *stack { return startStack(t, t, append(args, "--warmup", "0")...) }
+							}
+							row.Score, row.Elapsed = runCausalityCase(t, st, mk, truthHost, c)
 							rows = append(rows, row)
 						})
 					}
@@ -320,16 +369,32 @@ func monoNow() int64 {
 // runCausalityCase attaches gymtrace to the running stack, runs one
 // collection, scores the spans against the truth logged since the collection
 // started, and checks the score.
-func runCausalityCase(t *testing.T, st *stack, truthPath string, c causalityCase) (causalityScore, time.Duration) {
+// With mk, the case starts a stack of its own (fresh: no connection yet)
+// just before gymtrace attaches.
+func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath string, c causalityCase) (causalityScore, time.Duration) {
 	t.Helper()
 	began := time.Now()
 	out := filepath.Join(t.TempDir(), "spans.jsonl")
-	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: c.groups, jsonl: out})
+	var extra []string
+	if c.ringbuf != "" {
+		extra = append(extra, "--ringbuf-bytes", c.ringbuf)
+	}
+	var load *contention
+	if c.contention {
+		load = startContention(t)
+	}
+	if mk != nil {
+		st = mk()
+	}
+	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: c.groups, jsonl: out, extra: extra})
 	// The truth file holds every earlier collection on this stack (the
 	// warmup, other cases): only records that start after this point count.
 	since := monoNow()
 	sum := st.collect(t, c.n, c.c, true, c.collector...)
 	m := gt.settle(t, 1)
+	if load != nil {
+		t.Logf("contention: %s", load.report(t))
+	}
 	gt.shutdown(t)
 	recs, err := waitTruth(truthPath, since, c.n)
 	if err != nil {
@@ -352,6 +417,9 @@ func runCausalityCase(t *testing.T, st *stack, truthPath string, c causalityCase
 	if len(sc.Examples) > 0 {
 		t.Logf("first findings:\n  %s", strings.Join(sc.Examples, "\n  "))
 	}
+	if len(sc.WrongExamples) > 0 {
+		t.Logf("first wrong parents:\n  %s", strings.Join(sc.WrongExamples, "\n  "))
+	}
 	t.Logf("kernel asyncio context counters: %s", pyContextCounters(m))
 	t.Logf("server joins: %s", labelCounters(m, "gymtrace_server_joins_total", "how"))
 
@@ -362,21 +430,39 @@ func runCausalityCase(t *testing.T, st *stack, truthPath string, c causalityCase
 	if sc.Outbound == 0 || sc.Inbound == 0 {
 		t.Fatalf("the truth has %d outbound and %d inbound records of the traced servers: nothing to score", sc.Outbound, sc.Inbound)
 	}
-	if v := m["gymtrace_ringbuf_reserve_failures_total"]; v != 0 {
-		t.Errorf("ring-buffer reservation failures: %v (records lost, the score is not about causality)", v)
+	lost := m["gymtrace_ringbuf_reserve_failures_total"]
+	if c.ringbuf == "" && lost != 0 {
+		t.Errorf("ring-buffer reservation failures: %v (records lost, the score is not about causality)", lost)
+	}
+	if c.ringbuf != "" {
+		// Loss as a test condition: records must have been lost, and no
+		// loss may make a wrong parent or split a rollout it did not touch.
+		records := m["gymtrace_ringbuf_records_read_total"] + lost
+		t.Logf("ring buffer %s: %v of %v records lost (%.1f %%); %d rollouts touched by a loss, %d whole of %d",
+			c.ringbuf, lost, records, 100*lost/max(records, 1), sc.RolloutsTouched, sc.RolloutsWhole, sc.Rollouts)
+		if lost == 0 {
+			t.Errorf("a ring buffer of %s lost no record: the case tests nothing", c.ringbuf)
+		}
+		if sc.Wrong != 0 || sc.RolloutIDWrong != 0 || sc.SharedTraces != 0 || sc.StraySpans != 0 {
+			t.Errorf("with records lost: %d wrong parents, %d wrong rollout ids, %d traces shared by rollouts, %d stray spans; want 0",
+				sc.Wrong, sc.RolloutIDWrong, sc.SharedTraces, sc.StraySpans)
+		}
+		if sc.RolloutsUntouchedSplit != 0 {
+			t.Errorf("%d of %d rollouts untouched by a loss are not whole in one trace: want none", sc.RolloutsUntouchedSplit, sc.Rollouts-sc.RolloutsTouched)
+		}
+		return sc, elapsed
 	}
 
 	checkScorerCatches(t, recs, spans, st.pids(), sc)
 
-	if sc.Wrong != 0 && c.measureOnly {
-		t.Errorf("%d of %d calls attributed to the wrong inbound request: unknown attribution must stay unattributed", sc.Wrong, sc.Attributed)
+	// A wrong parent is worse than a missing one: none, in any case.
+	if sc.Attributed == 0 || sc.Wrong != 0 {
+		t.Errorf("%d of %d attributed calls under the wrong inbound request (%d right), want 0",
+			sc.Wrong, sc.Attributed, sc.Correct)
 	}
-	if c.measureOnly {
-		return sc, elapsed
-	}
-	if sc.Attributed == 0 || sc.Accuracy() < minParentAccuracy {
-		t.Errorf("parent accuracy %s (%d right of %d attributed, %d wrong), want >= %.1f %%",
-			pct(sc.Accuracy()), sc.Correct, sc.Attributed, sc.Wrong, 100*minParentAccuracy)
+	if sc.Unattributed != 0 {
+		t.Errorf("%d of %d calls unattributed (%s), want every call under its inbound request",
+			sc.Unattributed, sc.Outbound, sc.ReasonsString())
 	}
 	if sc.ServerSpans != sc.Inbound || sc.ClientSpans != sc.Outbound {
 		t.Errorf("not every request has a span: %d/%d inbound requests with a SERVER span, %d/%d outbound calls with a CLIENT span",
@@ -392,7 +478,7 @@ func runCausalityCase(t *testing.T, st *stack, truthPath string, c causalityCase
 			sc.RolloutsOneTrace, sc.Rollouts, sc.Traces, sc.SharedTraces)
 	}
 	if c.groups == "all" && (sc.Spawns == 0 || sc.SandboxSpans != sc.Spawns || sc.SpawnsCovered != sc.Spawns || sc.SandboxStray != 0 ||
-		ratio(sc.SpawnCorrect, sc.SandboxSpans) < minParentAccuracy) {
+		sc.SpawnWrong != 0 || sc.SpawnCorrect != sc.SandboxSpans) {
 		t.Errorf("sandbox CLIs: %d spawned, %d gym.sandbox.* spans (%d spawns contain one, %d spans no spawn contains); "+
 			"%d spans under the request that spawned them, %d wrong, %d unattributed",
 			sc.Spawns, sc.SandboxSpans, sc.SpawnsCovered, sc.SandboxStray, sc.SpawnCorrect, sc.SpawnWrong, sc.SpawnUnattributed)

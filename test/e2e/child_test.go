@@ -42,6 +42,8 @@ func runChild(mode string) int {
 		return childServer()
 	case "driver":
 		return childDriver()
+	case "burn", "syscalls":
+		return childLoad(mode)
 	}
 	fmt.Fprintf(os.Stderr, "unknown %s=%q\n", childEnv, mode)
 	return 2

@@ -53,14 +53,30 @@ type causalityScore struct {
 	// Rollouts: the collector's calls of /run in the window.
 	Rollouts         int
 	RolloutsOneTrace int // ... whose spans all lie in one trace
-	RolloutsNoRun    int // ... whose /run has no SERVER span
-	Traces           int // distinct trace ids over all exported spans
-	SharedTraces     int // traces holding spans of more than one rollout
-	RolloutIDSpans   int // spans carrying nemo.gym.rollout.id
-	RolloutIDWrong   int // ... whose value is not their rollout's
-	GymRolloutSpans  int // gym.rollout spans carrying their rollout's id
+	// RolloutsTouched: rollouts a lost record touched: one of their requests
+	// has no span, or a span gymtrace marked (gymtrace.record.lost: its
+	// response record was lost; gymtrace.connection.gap: a record of its
+	// connection was lost just before it). RolloutsWhole: every request a
+	// span, all in one trace. RolloutsUntouchedSplit: untouched, yet not
+	// whole (what loss must never cause).
+	RolloutsTouched        int
+	RolloutsWhole          int
+	RolloutsUntouchedSplit int
+	RolloutsNoRun   int // ... whose /run has no SERVER span
+	Traces          int // distinct trace ids over all exported spans
+	SharedTraces    int // traces holding spans of more than one rollout
+	RolloutIDSpans  int // spans carrying nemo.gym.rollout.id
+	RolloutIDWrong  int // ... whose value is not their rollout's
+	GymRolloutSpans int // gym.rollout spans carrying their rollout's id
 
-	Examples []string // the first wrong or missing cases, for the log
+	Examples      []string // the first wrong or missing cases, for the log
+	WrongExamples []string // the first wrong parents
+}
+
+func (s *causalityScore) wrong(format string, args ...any) {
+	if len(s.WrongExamples) < 8 {
+		s.WrongExamples = append(s.WrongExamples, fmt.Sprintf(format, args...))
+	}
 }
 
 func (s causalityScore) Accuracy() float64 { return ratio(s.Correct, s.Attributed) }
@@ -190,7 +206,7 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		want, ok := serverOf[r.Cause]
 		if !ok {
 			sc.Wrong++
-			sc.example("%v: its cause has no SERVER span, yet the CLIENT span has parent %s", r, c.Parent)
+			sc.wrong("%v: its cause has no SERVER span, yet the CLIENT span has parent %s", r, c.Parent)
 			continue
 		}
 		p, pok := byID[c.Parent]
@@ -203,7 +219,7 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		if pok {
 			got = p.String()
 		}
-		sc.example("%v: CLIENT span's parent is %s, want %v or the gym.* span under it", r, got, want)
+		sc.wrong("%v: CLIENT span's parent is %s, want %v or the gym.* span under it", r, got, want)
 	}
 
 	// Sandbox spans: no attribute names the child process, so a span can only
@@ -313,6 +329,7 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		}
 		rid := co.RolloutID
 		var rs []Span // the rollout's spans
+		touched, missing := false, false
 		queue := []truthRec{run}
 		for len(queue) > 0 {
 			in := queue[0]
@@ -327,13 +344,18 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 						}
 					}
 				}
-			} else if in.ID == run.ID {
-				sc.RolloutsNoRun++
+			} else {
+				touched, missing = true, true
+				if in.ID == run.ID {
+					sc.RolloutsNoRun++
+				}
 			}
 			rs = append(rs, sandboxByCause[in.ID]...)
 			for _, oi := range outsByCause[in.ID] {
 				if si, ok := outSpan[oi]; ok {
 					rs = append(rs, spans[si])
+				} else {
+					touched, missing = true, true
 				}
 				if next, ok := joined[outs[oi].ID]; ok {
 					if _, traced := inIndex[next.ID]; traced {
@@ -345,6 +367,9 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		ids := map[string]bool{}
 		for _, s := range rs {
 			ids[s.TraceID] = true
+			if s.Attr("gymtrace.record.lost") != "" || s.Attributes["gymtrace.connection.gap"] == true {
+				touched = true
+			}
 			if traceRollouts[s.TraceID] == nil {
 				traceRollouts[s.TraceID] = map[string]bool{}
 			}
@@ -356,6 +381,15 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 					sc.example("rollout %s: span %v carries nemo.gym.rollout.id=%s", rid, s, v)
 				}
 			}
+		}
+		whole := !missing && len(ids) == 1
+		if whole {
+			sc.RolloutsWhole++
+		}
+		if touched {
+			sc.RolloutsTouched++
+		} else if !whole {
+			sc.RolloutsUntouchedSplit++
 		}
 		if len(ids) == 1 {
 			sc.RolloutsOneTrace++

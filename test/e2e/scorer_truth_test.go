@@ -137,10 +137,16 @@ func matchByPorts(recs []truthRec, recKey func(truthRec) (joinKey, bool),
 		for _, si := range byKey[k] {
 			s := spans[si]
 			ss, se := int64(s.Start), int64(s.End)
+			endCost := abs64(se - r.TEnd)
+			if s.Attr("gymtrace.record.lost") != "" {
+				// Its response record was lost: the span ends with its
+				// request, when the response really ended is unknown.
+				se, endCost = max(se, r.TEnd), 0
+			}
 			if ss > r.TEnd+matchSlack || r.TStart > se+matchSlack {
 				continue
 			}
-			cands = append(cands, cand{ri, si, abs64(ss-r.TStart) + abs64(se-r.TEnd)})
+			cands = append(cands, cand{ri, si, abs64(ss-r.TStart) + endCost})
 		}
 	}
 	sort.Slice(cands, func(i, j int) bool {
