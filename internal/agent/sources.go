@@ -59,7 +59,7 @@ func (t *agent) metricSources() metrics.Sources {
 			st := t.spans.Builder().Stats()
 			return map[string]uint64{"traceparent": st.JoinedTraceparent, "connection": st.JoinedTuple, "stream": st.JoinedStream,
 				"index": st.JoinedIndex, "unprovable": st.JoinUnprovable,
-				"late":              st.LateJoins, "after_end": st.JoinedAfterEnd, "awaited": st.AwaitedClient, "wait_expired": st.LateExpired}
+				"late": st.LateJoins, "after_end": st.JoinedAfterEnd, "awaited": st.AwaitedClient, "wait_expired": st.LateExpired}
 		},
 		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
 		ParentNoContext:  func() uint64 { return t.spans.Builder().Stats().ParentNoContext },

@@ -125,7 +125,7 @@ type Builder struct {
 	// calls, or nothing may); causeLossy, a record of it was lost, so the
 	// set in flight may lack the very request.
 	noGuess map[uint32]uint8
-	counts   map[uint32]*ReqCounts
+	counts  map[uint32]*ReqCounts
 	// Roles by behaviour (roles.go).
 	held      map[uint32]*holdQueue
 	gaveUp    map[uint32]bool

@@ -62,12 +62,12 @@ type causalityScore struct {
 	RolloutsTouched        int
 	RolloutsWhole          int
 	RolloutsUntouchedSplit int
-	RolloutsNoRun   int // ... whose /run has no SERVER span
-	Traces          int // distinct trace ids over all exported spans
-	SharedTraces    int // traces holding spans of more than one rollout
-	RolloutIDSpans  int // spans carrying nemo.gym.rollout.id
-	RolloutIDWrong  int // ... whose value is not their rollout's
-	GymRolloutSpans int // gym.rollout spans carrying their rollout's id
+	RolloutsNoRun          int // ... whose /run has no SERVER span
+	Traces                 int // distinct trace ids over all exported spans
+	SharedTraces           int // traces holding spans of more than one rollout
+	RolloutIDSpans         int // spans carrying nemo.gym.rollout.id
+	RolloutIDWrong         int // ... whose value is not their rollout's
+	GymRolloutSpans        int // gym.rollout spans carrying their rollout's id
 
 	Examples      []string // the first wrong or missing cases, for the log
 	WrongExamples []string // the first wrong parents
