@@ -61,8 +61,12 @@ func (t *agent) metricSources() metrics.Sources {
 				"index": st.JoinedIndex, "unprovable": st.JoinUnprovable,
 				"late": st.LateJoins, "after_end": st.JoinedAfterEnd, "awaited": st.AwaitedClient, "wait_expired": st.LateExpired}
 		},
-		ParentUnresolved: func() uint64 { return t.spans.Builder().Stats().ParentAmbiguous },
-		ParentNoContext:  func() uint64 { return t.spans.Builder().Stats().ParentNoContext },
+		ParentUnresolved: func() map[string]uint64 {
+			st := t.spans.Builder().Stats()
+			return map[string]uint64{"ambiguous": st.ParentAmbiguous, "request_not_traced": st.ParentNotTraced,
+				"context_unbound": st.ParentUnbound, "records_lost": st.ParentRecordsLost}
+		},
+		ParentNoContext: func() uint64 { return t.spans.Builder().Stats().ParentNoContext },
 		Roles: func() metrics.RoleStats {
 			st := t.spans.Builder().Stats()
 			return metrics.RoleStats{Inferred: st.RoleInferred, Held: st.Held, Undecided: st.RoleUndecided, GymUnresolved: st.GymSpanUnresolved}

@@ -75,8 +75,9 @@ type Sources struct {
 	Joins func() map[string]uint64
 	// SpansBuilt counts spans made in userspace per group.
 	SpansBuilt func() map[string]uint64
-	// ParentUnresolved counts spans whose parent could not be joined.
-	ParentUnresolved func() uint64
+	// ParentUnresolved counts client spans left without a parent, by why
+	// (the gymtrace.parent.unresolved attribute).
+	ParentUnresolved func() map[string]uint64
 	// ParentNoContext counts those of them made by a process whose asyncio
 	// context cannot be read (an unrecognised uvloop build).
 	ParentNoContext func() uint64
@@ -249,15 +250,21 @@ var (
 			"no_context, bad_context, read_error, walked), the context-copy probe (linked; rooted and rooted_read: request handlers bound "+
 			"by the spawner and read rules; spawners), and uvloop's write probe (uv_writes, uv_taken, uv_skipped).", []string{"event"}, nil)
 	descJoins = prometheus.NewDesc("gymtrace_server_joins_total",
-		"How server requests were joined to the request that sent them: traceparent (in-band), connection (a client "+
-			"request on this node, by the 4-tuple), stream (... of which paired by TCP stream position; stream_past_guard: "+
-			"pairs that order and timestamps alone would have refused, as on a connection picked up mid-stream), late (... of which "+
-			"the client's record came second), after_end (... after the server had answered), awaited (finished server "+
-			"requests kept for a client record not read yet), wait_expired (... that did not come: exported without that parent).", []string{"how"}, nil)
+		"How server requests were joined to the request that sent them, only ever by proof: traceparent (in-band), "+
+			"connection (a client request on this node, by the 4-tuple), stream (... of which by the same TCP stream "+
+			"position), index (... by the same request index on a connection both ends followed whole: TLS), late (... of "+
+			"which the client's record came second), after_end (... after the server had answered), awaited (finished "+
+			"server requests kept for a client record not read yet), wait_expired (... that did not come: exported "+
+			"without that parent), unprovable (requests dropped unjoined from a connection's queue: no proof matched).",
+		[]string{"how"}, nil)
 	descBuilt = prometheus.NewDesc("gymtrace_spans_built_total",
 		"Spans built in userspace, per span group.", []string{"group"}, nil)
 	descUnresolved = prometheus.NewDesc("gymtrace_parent_unresolved_total",
-		"Spans whose parent could not be joined (exported without it).", nil, nil)
+		"Client spans exported without a parent because their cause could not be proven, by reason (their "+
+			"gymtrace.parent.unresolved attribute): ambiguous (several requests in flight, no context), "+
+			"request_not_traced (the request the kernel named has no record: gated off, lost, or before attach), "+
+			"context_unbound (the call's asyncio context is bound to no traced request), records_lost (the process "+
+			"lost records, so what is in flight proves nothing).", []string{"reason"}, nil)
 	descNoContext = prometheus.NewDesc("gymtrace_parent_no_context_total",
 		"Client spans left without a parent because their process's asyncio context cannot be read "+
 			"(an unrecognised uvloop build; gymtrace.parent.unresolved=uvloop_unrecognized).", nil, nil)
@@ -336,7 +343,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	perLabel(descJoins, src.Joins)
 	counter(descRingbuf, src.RingbufReserveFailures)
 	counter(descRecords, src.RecordsRead)
-	counter(descUnresolved, src.ParentUnresolved)
+	perLabel(descUnresolved, src.ParentUnresolved)
 	counter(descNoContext, src.ParentNoContext)
 	if src.Roles != nil {
 		r := src.Roles()

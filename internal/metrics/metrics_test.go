@@ -22,7 +22,7 @@ func fullSources(exported *atomic.Uint64) Sources {
 		PythonContext:          func() map[string]uint64 { return map[string]uint64{"rooted_read": 7} },
 		SpansBuilt:             func() map[string]uint64 { return map[string]uint64{"server": 6} },
 		Joins:                  func() map[string]uint64 { return map[string]uint64{"stream": 8} },
-		ParentUnresolved:       func() uint64 { return 4 },
+		ParentUnresolved:       func() map[string]uint64 { return map[string]uint64{"ambiguous": 4} },
 		Export: func() ExportStats {
 			return ExportStats(export.Stats{Exported: exported.Load(), Failed: 1, Dropped: 9, QueueLen: 3, QueueCap: 8192})
 		},
@@ -57,7 +57,7 @@ func TestMetricsEndpointServesEverySeries(t *testing.T) {
 		`gymtrace_python_context_total{event="rooted_read"} 7`,
 		`gymtrace_spans_built_total{group="server"} 6`,
 		`gymtrace_server_joins_total{how="stream"} 8`,
-		`gymtrace_parent_unresolved_total 4`,
+		`gymtrace_parent_unresolved_total{reason="ambiguous"} 4`,
 		`gymtrace_spans_exported_total 10`,
 		`gymtrace_spans_export_failed_total 1`,
 		`gymtrace_spans_dropped_total 9`,

@@ -70,6 +70,9 @@ type Stats struct {
 	ParentByNesting      uint64               // client requests attributed as the innermost of one chain of in-flight requests
 	ParentNone           uint64               // client requests with no inbound request in flight: roots
 	ParentAmbiguous      uint64               // client requests with several candidate inbound requests: roots marked unresolved
+	ParentNotTraced      uint64               // ... whose cause the kernel named is not traced (gated off, lost, before attach)
+	ParentUnbound        uint64               // ... whose asyncio context no traced request is bound to (cause.go)
+	ParentRecordsLost    uint64               // ... of a process that lost records: what is in flight proves nothing
 	ParentNoContext      uint64               // ... of which the process's asyncio context cannot be read (an unrecognised uvloop build)
 	JoinedTuple          uint64               // server spans joined to a client span on this node by connection
 	JoinedStream         uint64               // server requests paired with their client request by TCP stream position (join.go)

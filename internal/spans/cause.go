@@ -67,6 +67,7 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 		// Its request is not traced (gated off, or before attach): the call
 		// has no parent here, as in Gym when that request has no span.
 		b.st.ParentNone++
+		b.st.ParentNotTraced++
 		*why = "request_not_traced"
 		return nil
 	}
@@ -86,9 +87,12 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 		// process were lost. What else is in flight proves nothing then
 		// (the set may lack the very request): unattributed.
 		b.st.ParentNone++
-		*why = "context_unbound"
-		if g&causeCtx == 0 {
+		if g&causeCtx == 0 && x.PyCtx == 0 {
+			b.st.ParentRecordsLost++
 			*why = "records_lost"
+		} else {
+			b.st.ParentUnbound++
+			*why = "context_unbound"
 		}
 		return nil
 	}

@@ -409,11 +409,11 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 
 	t.Logf("%s: %d rollouts ok; outbound %d, correct %d, wrong %d, unattributed %d (%s); accuracy %s, coverage %s; "+
 		"sandbox spans %d for %d spawns (right %d, wrong %d, unattributed %d, in several spawns %d); server spans %d/%d, client spans %d/%d, stray %d; rollouts in one trace %d/%d, traces %d, shared %d, /run without span %d, "+
-		"rollout ids on %d spans (%d wrong), gym.rollout with the id %d; gymtrace_parent_unresolved_total %v, ring-buffer failures %v; %.1fs",
+		"rollout ids on %d spans (%d wrong), gym.rollout with the id %d; gymtrace_parent_unresolved_total %s, ring-buffer failures %v; %.1fs",
 		c.name(), sum.OK, sc.Outbound, sc.Correct, sc.Wrong, sc.Unattributed, sc.ReasonsString(), pct(sc.Accuracy()), pct(sc.Coverage()),
 		sc.SandboxSpans, sc.Spawns, sc.SpawnCorrect, sc.SpawnWrong, sc.SpawnUnattributed, sc.SandboxAmbiguous, sc.ServerSpans, sc.Inbound, sc.ClientSpans, sc.Outbound, sc.StraySpans, sc.RolloutsOneTrace, sc.Rollouts, sc.Traces, sc.SharedTraces,
 		sc.RolloutsNoRun, sc.RolloutIDSpans, sc.RolloutIDWrong, sc.GymRolloutSpans,
-		m["gymtrace_parent_unresolved_total"], m["gymtrace_ringbuf_reserve_failures_total"], elapsed.Seconds())
+		labelCounters(m, "gymtrace_parent_unresolved_total", "reason"), m["gymtrace_ringbuf_reserve_failures_total"], elapsed.Seconds())
 	if len(sc.Examples) > 0 {
 		t.Logf("first findings:\n  %s", strings.Join(sc.Examples, "\n  "))
 	}
