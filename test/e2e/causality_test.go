@@ -193,7 +193,7 @@ func (sc causalityStack) name() string {
 // concurrency 64, and at 16 with large bodies (fewer records a second).
 const (
 	lossyRing      = "16KiB"
-	lossyRingLarge = "8KiB"
+	lossyRingLarge = "4KiB"
 )
 
 type causalityCase struct {

@@ -138,9 +138,10 @@ func matchByPorts(recs []truthRec, recKey func(truthRec) (joinKey, bool),
 			s := spans[si]
 			ss, se := int64(s.Start), int64(s.End)
 			endCost := abs64(se - r.TEnd)
-			if s.Attr("gymtrace.record.lost") != "" {
-				// Its response record was lost: the span ends with its
-				// request, when the response really ended is unknown.
+			if s.Attr("gymtrace.record.lost") != "" || s.Attributes["nemo.span.truncated"] == true {
+				// Its response record was lost (the span ends with its
+				// request) or never came before shutdown (the span ends
+				// then): when the response really ended is unknown.
 				se, endCost = max(se, r.TEnd), 0
 			}
 			if ss > r.TEnd+matchSlack || r.TStart > se+matchSlack {
