@@ -19,6 +19,8 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Options tune the kernel side. Zero values take the compiled-in defaults.
@@ -117,6 +119,9 @@ func Load(opts Options) (*Tracer, error) {
 			return nil, err
 		}
 	}
+	// The uprobe programs (Python, uvloop, TLS) as uprobe_multi programs
+	// where the kernel has them: a process's probes come off together.
+	probesite.PrepareMulti(spec)
 	t := &Tracer{log: log, profTime: profTime}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError

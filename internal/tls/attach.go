@@ -18,6 +18,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Programs are the kernel programs of bpf/tls.h.
@@ -357,40 +359,39 @@ func (a *Attacher) attach(pid int, path string, s *Sites) (*attached, error) {
 		return nil, fmt.Errorf("opening %s of process %d for uprobes: %w", path, pid, err)
 	}
 	at := &attached{lib: Library{Path: path, Static: s.Static, Sites: *s}}
-	fail := func(what string, err error) (*attached, error) {
-		for _, l := range at.links {
-			l.Close()
-		}
-		return nil, fmt.Errorf("attaching the TLS %s probe to %s in process %d: %w", what, path, pid, err)
-	}
-	for _, rw := range []Site{s.Read, s.Write} {
-		cookie := uint64(rw.Flavor)
-		if rw.Write {
+	// One link per program (probesite.Attach): the read and write entries
+	// together, their returns together.
+	var rw []probesite.Spec
+	for _, site := range []Site{s.Read, s.Write} {
+		cookie := uint64(site.Flavor)
+		if site.Write {
 			cookie |= cookieWrite
 		}
-		o := &link.UprobeOptions{Address: rw.Offset, PID: pid, Cookie: cookie}
-		l, err := ex.Uprobe("", a.progs.RWEntry, o)
-		if err != nil {
-			return fail(rw.Symbol+" entry", err)
-		}
-		at.links = append(at.links, l)
-		l, err = ex.Uretprobe("", a.progs.RWReturn, o)
-		if err != nil {
-			return fail(rw.Symbol+" return", err)
-		}
-		at.links = append(at.links, l)
+		rw = append(rw, probesite.Spec{Address: site.Offset, Cookie: cookie})
 	}
-	l, err := ex.Uprobe("", a.progs.Handshake, &link.UprobeOptions{Address: s.Handshake.Offset, PID: pid})
-	if err != nil {
-		return fail("SSL_do_handshake", err)
+	type set struct {
+		what  string
+		prog  *ebpf.Program
+		ret   bool
+		specs []probesite.Spec
 	}
-	at.links = append(at.links, l)
+	probes := []set{
+		{s.Read.Symbol + " and " + s.Write.Symbol + " entry", a.progs.RWEntry, false, rw},
+		{s.Read.Symbol + " and " + s.Write.Symbol + " return", a.progs.RWReturn, true, rw},
+		{"SSL_do_handshake", a.progs.Handshake, false, []probesite.Spec{{Address: s.Handshake.Offset}}},
+	}
 	if s.Free.Offset != 0 {
-		l, err := ex.Uprobe("", a.progs.Free, &link.UprobeOptions{Address: s.Free.Offset, PID: pid})
+		probes = append(probes, set{"SSL_free", a.progs.Free, false, []probesite.Spec{{Address: s.Free.Offset}}})
+	}
+	for _, p := range probes {
+		ls, err := probesite.Attach(ex, p.prog, pid, p.ret, p.specs)
 		if err != nil {
-			return fail("SSL_free", err)
+			for _, l := range at.links {
+				l.Close()
+			}
+			return nil, fmt.Errorf("attaching the TLS %s probe to %s in process %d: %w", p.what, path, pid, err)
 		}
-		at.links = append(at.links, l)
+		at.links = append(at.links, ls...)
 	}
 	return at, nil
 }
