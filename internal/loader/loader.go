@@ -633,10 +633,8 @@ func (t *Tracer) TLSPrograms() TLSPrograms {
 
 // Close detaches every program and frees the maps.
 func (t *Tracer) Close() error {
-	var errs []error
-	for _, l := range t.links {
-		errs = append(errs, l.Close())
-	}
+	// At once: each tracepoint's detach waits for the kernel's grace periods.
+	errs := []error{probesite.CloseAll(t.links)}
 	t.links = nil
 	if t.rd != nil {
 		t.rdMu.Lock()

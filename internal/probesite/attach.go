@@ -5,6 +5,7 @@ package probesite
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -152,6 +153,29 @@ func attachEach(ex *link.Executable, prog *ebpf.Program, pid int, ret bool, spec
 	}
 	return ls, nil
 }
+
+// CloseAll closes every c at once (at most closeAtOnce at a time), so that
+// the kernel's waits for their grace periods overlap instead of adding up.
+// It returns when all are closed.
+func CloseAll[C io.Closer](cs []C) error {
+	errs := make([]error, len(cs))
+	sem := make(chan struct{}, closeAtOnce)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = c.Close()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// closeAtOnce bounds CloseAll's goroutines: each close waits in the kernel
+// on a thread of its own.
+const closeAtOnce = 32
 
 // kernelVersion reads "6.18.44-..." as 6, 18.
 func kernelVersion(release string) (major, minor int, ok bool) {

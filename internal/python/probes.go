@@ -21,16 +21,12 @@ type Probes struct {
 	links []link.Link
 }
 
-// Close detaches every probe; it is safe to call more than once.
+// Close detaches every probe, all at once (probesite.CloseAll); it is safe
+// to call more than once.
 func (p *Probes) Close() error {
-	var errs []error
-	for _, l := range p.links {
-		if err := l.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	err := probesite.CloseAll(p.links)
 	p.links = nil
-	return errors.Join(errs...)
+	return err
 }
 
 // AttachProbes attaches copyRet (gt_py_copy_ret from bpf/python_probes.h) as

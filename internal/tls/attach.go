@@ -63,6 +63,7 @@ type Attacher struct {
 
 	mu      sync.Mutex
 	enabled bool
+	closed  bool // Close ran: nothing is attached again
 	procs   map[int]*proc
 	// Files known to hold no OpenSSL, and sites of those that do, by
 	// inode: a file is read once however many processes map it.
@@ -114,7 +115,7 @@ func NewAttacher(progs Programs, opt Options) (*Attacher, error) {
 func (a *Attacher) SetEnabled(on bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.enabled == on {
+	if a.enabled == on || a.closed {
 		return
 	}
 	a.enabled = on
@@ -133,6 +134,9 @@ func (a *Attacher) SetEnabled(on bool) {
 func (a *Attacher) Add(pid int) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
 	p := a.procs[pid]
 	if p == nil {
 		p = &proc{libs: map[fileKey]*attached{}, skipped: map[fileKey]bool{}}
@@ -164,11 +168,8 @@ func (a *Attacher) Take(pid int) []io.Closer {
 	}
 	delete(a.procs, pid)
 	var out []io.Closer
-	for k, at := range p.libs {
-		for _, l := range at.links {
-			out = append(out, l)
-		}
-		delete(p.libs, k)
+	for _, l := range p.take() {
+		out = append(out, l)
 	}
 	return out
 }
@@ -219,30 +220,39 @@ func (a *Attacher) Run(ctx context.Context) error {
 	}
 }
 
-// Close detaches every probe.
+// Close detaches every probe, all at once (probesite.CloseAll), and stops
+// the attacher: processes added or rescanned after attach nothing.
 func (a *Attacher) Close() error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	var errs []error
-	for pid, p := range a.procs {
-		errs = append(errs, a.detachLocked(pid, p))
+	a.closed, a.enabled = true, false
+	var links []link.Link
+	for _, p := range a.procs {
+		links = append(links, p.take()...)
 	}
 	a.procs = map[int]*proc{}
-	return errors.Join(errs...)
+	a.mu.Unlock()
+	if err := probesite.CloseAll(links); err != nil {
+		return fmt.Errorf("detaching TLS probes: %w", err)
+	}
+	return nil
 }
 
 func (a *Attacher) detachLocked(pid int, p *proc) error {
-	var errs []error
-	for k, at := range p.libs {
-		for _, l := range at.links {
-			if err := l.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("detaching TLS probes from %s in process %d: %w", at.lib.Path, pid, err))
-			}
-		}
-		delete(p.libs, k)
+	if err := probesite.CloseAll(p.take()); err != nil {
+		return fmt.Errorf("detaching TLS probes from process %d: %w", pid, err)
 	}
 	clear(p.skipped)
-	return errors.Join(errs...)
+	return nil
+}
+
+// take forgets p's libraries and returns their probes, still attached.
+func (p *proc) take() []link.Link {
+	var out []link.Link
+	for k, at := range p.libs {
+		out = append(out, at.links...)
+		delete(p.libs, k)
+	}
+	return out
 }
 
 // scanLocked attaches to the OpenSSL copies pid maps that are not attached
