@@ -223,7 +223,12 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 	}
 	if m != nil {
 		srv := m.Serve(t.metricsLn, log)
-		t.undo = append(t.undo, func() { srv.Shutdown(context.Background()) })
+		t.undo = append(t.undo, func() {
+			// A scrape still being answered gets a moment, not the exit.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
 	}
 
 	// Discovery keeps the kernel's target set current.
@@ -247,12 +252,16 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = t.tls.Run(runCtx) }() // picks up lazily imported libssl
-	wg.Add(1)
+	// feeders make spans and metrics, or write beside the trees: they end
+	// before the last spans are flushed. others may be attaching or
+	// detaching probes, which takes the kernel a while: they end beside it
+	// (finish).
+	var feeders, others sync.WaitGroup
+	others.Add(1)
+	go func() { defer others.Done(); _ = t.tls.Run(runCtx) }() // picks up lazily imported libssl
+	others.Add(1)
 	go func() {
-		defer wg.Done()
+		defer others.Done()
 		if err := w.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
 			log.Error("discovery stopped", "err", err)
 		}
@@ -270,9 +279,9 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 		m.SetReady()
 	}
 	if t.status != nil {
-		wg.Add(1)
+		feeders.Add(1)
 		go func() {
-			defer wg.Done()
+			defer feeders.Done()
 			t.status.Run(runCtx, time.Second)
 		}()
 	}
@@ -280,16 +289,15 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 		opt.Attached()
 	}
 	if opt.Reloads != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); opt.Reloads(runCtx, t.reload) }()
+		others.Add(1) // a reload may be attaching probes
+		go func() { defer others.Done(); opt.Reloads(runCtx, t.reload) }()
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); t.expireLoop(runCtx) }()
+	feeders.Add(1)
+	go func() { defer feeders.Done(); t.expireLoop(runCtx) }()
 
 	readErr := t.kern.Read(runCtx, func(raw []byte) { t.record(w, raw) })
 	stop()
-	wg.Wait()
-	t.shutdown()
+	t.finish(&feeders, &others)
 	return readErr
 }
 
@@ -352,29 +360,4 @@ func (t *agent) record(w *discover.Watcher, raw []byte) {
 		// within the drain costs no map syscall at all.
 		t.inj.Flush()
 	}
-}
-
-// shutdown ends the spans still open now, marked truncated as Gym does, and
-// drains the exporter.
-func (t *agent) shutdown() {
-	t.submit(t.spans.Flush())
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := t.out.Shutdown(sctx); err != nil {
-		t.log.Warn("exporter shutdown", "err", err)
-	}
-	t.closeGymMetrics()
-	st := t.out.Stats()
-	for _, r := range t.kern.ProfTable() {
-		t.log.Info("bpf section", "name", r.Name, "runs", r.Count, "ns_per_run", int(r.NsPer))
-	}
-	t.log.Info("gymtrace: detached", "spans_exported", st.Exported, "spans_failed", st.Failed, "spans_dropped", st.Dropped)
-}
-
-// detach undoes what attach and run set up, last first.
-func (t *agent) detach() {
-	for i := len(t.undo) - 1; i >= 0; i-- {
-		t.undo[i]()
-	}
-	t.undo = nil
 }

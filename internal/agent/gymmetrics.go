@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/discover"
@@ -109,7 +108,7 @@ func (t *agent) closeGymMetrics() {
 	if t.gym == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	if err := t.gym.Close(ctx); err != nil {
 		t.log.Warn("gym metrics: the last export failed", "err", err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/probesite"
 	"github.com/gymtrace/gymtrace/internal/python"
 	"github.com/gymtrace/gymtrace/internal/spans"
 )
@@ -38,6 +39,7 @@ type pyTargets struct {
 	// (pureLocked).
 	watching map[int]*pureWatch
 	want     bool
+	closed   bool           // close ran: nothing is attached again
 	pending  sync.WaitGroup // adds still inspecting (wait)
 }
 
@@ -110,9 +112,9 @@ func (p *pyTargets) add(pid int) {
 		// second on a loaded machine) are set up after, without it, so one
 		// process's never holds up another's first requests' parents.
 		p.mu.Lock()
-		if p.t.lookup(pid) == nil {
+		if p.closed || p.t.lookup(pid) == nil {
 			p.mu.Unlock()
-			return // gone meanwhile
+			return // gymtrace is stopping, or the process is gone meanwhile
 		}
 		if err := p.t.kern.SetPython(pid, p.paramsLocked(pid, in)); err != nil {
 			p.mu.Unlock()
@@ -134,9 +136,9 @@ func (p *pyTargets) add(pid int) {
 func (p *pyTargets) attach(pid int, in *python.Interpreter) {
 	p.mu.Lock()
 	_, has := p.probes[pid]
-	pure := p.pureLocked(pid)
+	skip := has || p.pureLocked(pid) || !p.want
 	p.mu.Unlock()
-	if has || pure {
+	if skip {
 		return
 	}
 	c, err := in.AttachProbes(p.t.kern.PyCopyProgram())
@@ -178,7 +180,7 @@ func (p *pyTargets) wait(d time.Duration) bool {
 // serves), quickly at first.
 func (p *pyTargets) uvloop(pid int, in *python.Interpreter) {
 	p.mu.Lock()
-	if _, ok := p.uvProbes[pid]; ok || p.uvWatch[pid] {
+	if _, ok := p.uvProbes[pid]; ok || p.uvWatch[pid] || p.closed {
 		p.mu.Unlock()
 		return
 	}
@@ -423,6 +425,10 @@ func (p *pyTargets) take(pid int) []io.Closer {
 // setMask attaches or detaches the link probes as the groups change.
 func (p *pyTargets) setMask(m groups.Mask) {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
 	p.want = wantProbes(m)
 	todo := map[int]*python.Interpreter{}
 	for pid, in := range p.interp {
@@ -449,15 +455,26 @@ func (p *pyTargets) setMask(m groups.Mask) {
 	}
 }
 
+// close detaches every process's probes, all at once (probesite.CloseAll),
+// and stops attaching: a process still being set up, or a watcher that
+// would put probes back, attaches nothing after. Calling it again is
+// harmless.
 func (p *pyTargets) close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for pid := range p.uvProbes {
-		p.detachUVLocked(pid)
+	p.closed, p.want = true, false
+	var cs []io.Closer
+	for pid, c := range p.uvProbes {
+		cs = append(cs, c)
+		delete(p.uvProbes, pid)
 	}
-	p.uvWatch = map[int]bool{}
 	for pid, c := range p.probes {
-		_ = c.Close()
+		cs = append(cs, c)
 		delete(p.probes, pid)
+	}
+	clear(p.uvWatch)
+	clear(p.watching)
+	p.mu.Unlock()
+	if err := probesite.CloseAll(cs); err != nil {
+		p.t.log.Debug("detaching Python probes", "err", err)
 	}
 }

@@ -20,6 +20,7 @@ package gymmetrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -100,6 +101,13 @@ type Recorder struct {
 	procs map[procKey]*proc
 	gone  map[int]time.Time // pids that exited, until Linger after: their late spans make no live provider
 	sum   summary
+	// retired: providers replaced when their process's identity changed,
+	// closed (a last export) at the next Tick or by Close. closing counts
+	// the closes Tick started; Close waits for them, so nothing a provider
+	// exports comes after Close's own last exports.
+	retired []*proc
+	closing sync.WaitGroup
+	closed  bool // Close ran: spans and processes are no longer measured
 
 	reward                             atomic.Bool // the kernel reads rewards now (SetReward)
 	capped, rewardMissing, procsCapped atomic.Uint64
@@ -148,6 +156,9 @@ func (r *Recorder) Observe(batch []spans.Span) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
 	for i := range batch {
 		s := &batch[i]
 		kind := measureKind(s)
@@ -171,7 +182,9 @@ func (r *Recorder) Seen(p *discover.Process) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.procLocked(p)
+	if !r.closed {
+		r.procLocked(p)
+	}
 }
 
 // SetReward says whether the kernel reads rewards now (a reload can change
@@ -194,11 +207,17 @@ func (r *Recorder) Gone(pid int) {
 	}
 }
 
-// Tick drops the metrics of processes that exited more than Linger ago,
-// after a last export, without waiting for it. Call it every few seconds.
+// Tick drops the metrics of processes that exited more than Linger ago, and
+// the providers retired since the last Tick, after a last export, without
+// waiting for it. Call it every few seconds.
 func (r *Recorder) Tick(now time.Time) {
-	var done []*proc
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	done := r.retired
+	r.retired = nil
 	for k, pr := range r.procs {
 		if g := pr.goneAt(); !g.IsZero() && now.Sub(g) >= r.cfg.Linger {
 			delete(r.procs, k)
@@ -210,9 +229,12 @@ func (r *Recorder) Tick(now time.Time) {
 			delete(r.gone, pid)
 		}
 	}
-	r.mu.Unlock()
 	for _, pr := range done {
-		go pr.close(context.Background(), r.cfg.Log)
+		r.closing.Add(1)
+		go func() {
+			defer r.closing.Done()
+			pr.close(context.Background(), r.cfg.Log)
+		}()
 	}
 }
 
@@ -255,14 +277,28 @@ func (r *Recorder) ForceFlush(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close exports the last values and stops every reader and the exporter.
+// Close exports the last values and stops every reader and the exporter,
+// while ctx allows. What each process exports last is its current
+// provider's final values: the closes Tick started finish first, then the
+// providers replaced since close, then the current ones. Spans observed
+// after are not measured.
 func (r *Recorder) Close(ctx context.Context) error {
 	r.mu.Lock()
+	r.closed = true
+	retired := r.retired
+	r.retired = nil
 	prs := slices.Collect(maps.Values(r.procs))
 	clear(r.procs)
 	r.mu.Unlock()
 	var errs []error
-	for _, pr := range prs {
+	closing := make(chan struct{})
+	go func() { r.closing.Wait(); close(closing) }()
+	select {
+	case <-closing:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("waiting for exited processes' last metrics: %w", ctx.Err()))
+	}
+	for _, pr := range append(retired, prs...) {
 		errs = append(errs, pr.mp.Shutdown(ctx))
 	}
 	if r.cfg.Exporter != nil {
@@ -288,7 +324,8 @@ func (r *Recorder) snapshotProcs() []*proc {
 
 // procLocked returns p's metrics, made on first use. A process whose
 // identity changed (its role or server name learnt later) gets a new
-// provider with the new resource; the old one is closed.
+// provider with the new resource; the old one is retired (its last export at
+// the next Tick, or at Close).
 func (r *Recorder) procLocked(p *discover.Process) *proc {
 	var id discover.Process
 	if p != nil {
@@ -300,7 +337,7 @@ func (r *Recorder) procLocked(p *discover.Process) *proc {
 			return pr
 		}
 		delete(r.procs, k)
-		go pr.close(context.Background(), r.cfg.Log)
+		r.retired = append(r.retired, pr) // its last export: next Tick, or Close
 	}
 	if len(r.procs) >= maxProcs {
 		return nil

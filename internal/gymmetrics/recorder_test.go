@@ -3,6 +3,7 @@ package gymmetrics
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -444,5 +445,65 @@ func TestLateSpansAfterGone(t *testing.T) {
 	r.Tick(time.Now().Add(2 * time.Minute))
 	if st := r.Stats(); st.Processes != 0 {
 		t.Errorf("%d processes after the linger: a late span kept a provider alive", st.Processes)
+	}
+}
+
+// orderExporter records each export's service.name and the Shutdown, in
+// order. An export whose context lacks closeKey (one not made by the
+// Close under test) waits for Shutdown: a provider closed in the
+// background then exports after the exporter was shut down, every time.
+type orderExporter struct {
+	memExporter
+	shut   chan struct{}
+	events []string
+}
+
+type closeKey struct{}
+
+func (o *orderExporter) Export(ctx context.Context, rm *metricdata.ResourceMetrics) error {
+	if ctx.Value(closeKey{}) == nil {
+		<-o.shut
+	}
+	v, _ := rm.Resource.Set().Value("service.name")
+	o.mu.Lock()
+	o.events = append(o.events, "export "+v.AsString())
+	o.mu.Unlock()
+	return nil
+}
+
+func (o *orderExporter) Shutdown(context.Context) error {
+	o.mu.Lock()
+	o.events = append(o.events, "shutdown")
+	o.mu.Unlock()
+	close(o.shut)
+	return nil
+}
+
+// What gymtrace exports last for a process is its current provider's final
+// values: a provider replaced when the process's identity changed (its
+// server name learnt later) exports its last values before that, inside
+// Close, never after the exporter has been shut down.
+func TestCloseExportsReplacedFirst(t *testing.T) {
+	exp := &orderExporter{shut: make(chan struct{})}
+	r := New(Config{Exporter: exp, Resources: export.NewResources("host-a")})
+	before := *resProc
+	before.ServerName = "unnamed"
+	r.Observe([]spans.Span{span("gym.verify", trace.SpanKindInternal, "verify", &before, time.Millisecond)})
+	r.Observe([]spans.Span{verifySpan(1, true, false)}) // the same process, named now
+	ctx := context.WithValue(context.Background(), closeKey{}, true)
+	if err := r.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exp.mu.Lock()
+	got := slices.Clone(exp.events)
+	exp.mu.Unlock()
+	want := []string{"export nemo-gym/unnamed", "export nemo-gym/simple_weather", "shutdown"}
+	if !slices.Equal(got, want) {
+		t.Errorf("exports and shutdown %q, want %q", got, want)
+	}
+	// Measured after Close: nothing, and no provider made for it.
+	r.Observe([]spans.Span{verifySpan(1, true, false)})
+	if st := r.Stats(); st.Processes != 0 {
+		t.Errorf("%d processes with metrics after Close", st.Processes)
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Options tune the kernel side. Zero values take the compiled-in defaults.
@@ -33,7 +35,11 @@ type Tracer struct {
 	objs  bpfObjects
 	links []link.Link
 	rd    *ringbuf.Reader
-	log   *slog.Logger
+	// rdMu guards rd's closing against AvailableBytes, which reads the
+	// mapped ring without the reader's own lock.
+	rdMu     sync.RWMutex
+	rdClosed bool
+	log      *slog.Logger
 
 	mu  sync.Mutex
 	cfg Config
@@ -117,6 +123,9 @@ func Load(opts Options) (*Tracer, error) {
 			return nil, err
 		}
 	}
+	// The uprobe programs (Python, uvloop, TLS) as uprobe_multi programs
+	// where the kernel has them: a process's probes come off together.
+	probesite.PrepareMulti(spec)
 	t := &Tracer{log: log, profTime: profTime}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
@@ -393,7 +402,10 @@ const (
 var pastDeadline = time.Unix(1, 0)
 
 // Read delivers ring-buffer records to fn until ctx ends or the tracer is
-// closed; when ctx ends, what is already in the buffer is delivered first.
+// closed; when ctx ends, what is already in the buffer is delivered first,
+// and nothing written after. Each drain takes what the ring holds when it
+// starts: under load the traced processes refill the ring as fast as it
+// drains, and a drain "until empty" need never end, nor see ctx end.
 // The slice passed to fn is reused: fn must copy what it keeps.
 //
 // Between drains the reader waits in Go's scheduler (a timer, the kernel's
@@ -412,23 +424,36 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 	interval := base
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
-	stopping := false
-	for {
-		got, err := t.drain(&rec, fn)
-		switch {
-		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
+	last := func() error {
+		n, closed := t.available()
+		if closed {
 			return nil
-		case err != nil:
-			return fmt.Errorf("reading the ring buffer: %w", err)
-		case stopping:
-			return nil // ctx ended: what was in the buffer then is delivered
+		}
+		_, err := t.drain(&rec, fn, n)
+		_, err = readEnd(err)
+		return err
+	}
+	for {
+		n, closed := t.available()
+		if closed {
+			return nil
+		}
+		got, err := t.drain(&rec, fn, n)
+		if done, err := readEnd(err); done {
+			return err
+		}
+		if ctx.Err() != nil {
+			return last()
 		}
 		if got {
 			interval = base
 		}
+		if n, _ := t.available(); n > 0 {
+			continue // written while this drain ran
+		}
 		select {
 		case <-ctx.Done():
-			stopping = true
+			return last()
 		case <-wake:
 		case <-timer.C:
 			if !got {
@@ -439,20 +464,40 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 	}
 }
 
-// drain delivers every record in the ring now; got: at least one.
-func (t *Tracer) drain(rec *ringbuf.Record, fn func(raw []byte)) (got bool, err error) {
-	for {
+// readEnd says whether a drain's error ends Read, and with what.
+func readEnd(err error) (bool, error) {
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
+		return true, nil
+	default:
+		return true, fmt.Errorf("reading the ring buffer: %w", err)
+	}
+}
+
+// ringbufHeader is a record's header in the ring (BPF_RINGBUF_HDR_SZ).
+const ringbufHeader = 8
+
+// drain delivers the records in the ring, until it is empty or the records
+// delivered took budget bytes of it (header and 8-byte padding included;
+// the kernel's discarded records are skipped unseen and not counted, so it
+// may read a little further); got: at least one.
+func (t *Tracer) drain(rec *ringbuf.Record, fn func(raw []byte), budget int) (got bool, err error) {
+	for budget > 0 {
 		err := t.rd.ReadInto(rec)
 		switch {
 		case err == nil:
 			got = true
 			fn(rec.RawSample)
+			budget -= ringbufHeader + (len(rec.RawSample)+7)&^7
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return got, nil
 		default:
 			return got, err
 		}
 	}
+	return got, nil
 }
 
 // wakeups returns a channel that gets a value when the kernel wakes the ring
@@ -512,7 +557,21 @@ func newWakeFile(fd int) (*os.File, error) {
 
 // Pending is the number of bytes in the ring buffer not read yet: 0 means
 // the reader has caught up with the kernel.
-func (t *Tracer) Pending() int { return t.rd.AvailableBytes() }
+func (t *Tracer) Pending() int {
+	n, _ := t.available()
+	return n
+}
+
+// available is how many bytes the ring holds unread, and whether the
+// tracer is closed.
+func (t *Tracer) available() (int, bool) {
+	t.rdMu.RLock()
+	defer t.rdMu.RUnlock()
+	if t.rdClosed {
+		return 0, true
+	}
+	return t.rd.AvailableBytes(), false
+}
 
 // Programs returns the loaded programs by name (for bpf_stats in benchmarks).
 func (t *Tracer) Programs() map[string]*ebpf.Program {
@@ -574,13 +633,14 @@ func (t *Tracer) TLSPrograms() TLSPrograms {
 
 // Close detaches every program and frees the maps.
 func (t *Tracer) Close() error {
-	var errs []error
-	for _, l := range t.links {
-		errs = append(errs, l.Close())
-	}
+	// At once: each tracepoint's detach waits for the kernel's grace periods.
+	errs := []error{probesite.CloseAll(t.links)}
 	t.links = nil
 	if t.rd != nil {
+		t.rdMu.Lock()
+		t.rdClosed = true
 		errs = append(errs, t.rd.Close())
+		t.rdMu.Unlock()
 	}
 	if t.wakeFile != nil {
 		errs = append(errs, t.wakeFile.Close())

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -112,4 +113,75 @@ func TestReaderReturnsOnClose(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Read still waiting after Close")
 	}
+}
+
+// When ctx ends, Read delivers what the ring holds then, not what is written
+// while it drains: under load the traced processes refill the ring as fast
+// as the reader empties it, and a drain "until empty" did not end (a
+// SIGTERM'd gymtrace under load must still exit). Here every record
+// delivered after the stop makes one more exchange before the reader looks
+// again, so the ring is never empty; a reader that drains until it is
+// would take every one of them.
+func TestReaderStopsAtWhatWasPending(t *testing.T) {
+	tr := loadSelf(t, allGroups)
+	tr.pollEvery = time.Hour
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
+				return
+			}
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	exchange := func() error {
+		if _, err := c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(br, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
+		return err
+	}
+	// Records pending, the reader's first drain past.
+	ctx, cancel := context.WithCancel(context.Background())
+	var stopped atomic.Bool
+	const most = 2000 // exchanges made while the reader drains: far past what was pending
+	made := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- tr.Read(ctx, func(raw []byte) {
+			if !stopped.Load() || made >= most {
+				return
+			}
+			made++
+			if err := exchange(); err != nil {
+				t.Error(err)
+				made = most
+			}
+		})
+	}()
+	for range 4 {
+		if err := exchange(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tr.Pending() == 0 {
+		t.Fatal("no records pending in the ring buffer after four exchanges")
+	}
+	stopped.Store(true)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	if made >= most {
+		t.Fatalf("the reader kept delivering what was written after it was stopped (%d exchanges made meanwhile)", made)
+	}
+	t.Logf("%d exchanges made while the stopped reader drained", made)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/gymtrace/gymtrace/internal/probesite"
 	pytestbpf "github.com/gymtrace/gymtrace/internal/python/pytest_bpf"
 	"golang.org/x/sys/unix"
 )
@@ -134,11 +135,11 @@ func TestCostCopyProbe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := ex.Uprobe(ProbeSymbol, objs.GtPyCopyRet, &link.UprobeOptions{PID: in.PID, Offset: off})
+		ls, err := probesite.Attach(ex, objs.GtPyCopyRet, in.PID, false, []probesite.Spec{{Symbol: ProbeSymbol, Offset: off}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return func() { l.Close() }
+		return func() { ls[0].Close() }
 	})
 	t.Logf("PyContext_CopyCurrent via ctypes: %.0f ns/call bare, %.0f with the uretprobe (+%.0f), %.0f with an entry uprobe (+%.0f); "+
 		"BPF program alone %.0f ns/run over %d runs",

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // TestCopyProbeSurvivesOtherDetach: gymtrace takes the link probe off a
@@ -82,4 +84,52 @@ func TestCopyProbeSurvivesOtherDetach(t *testing.T) {
 	if got < 5*n {
 		t.Errorf("the probe ran %d times for %d calls: the other process's detach lost %d hits", got, 5*n, 5*n-got)
 	}
+}
+
+// TestSiteProbesDetachTogether: a process's call-site probes must come off
+// in a few kernel detaches, not one per site. Each perf_event uprobe costs
+// its detach two RCU grace periods under the kernel's global event_mutex
+// (tens of ms idle, up to a second under load), one after another however
+// they are closed; with 20-odd sites a process on 3.13 with uvloop, and
+// four such processes, a SIGTERM'd gymtrace spent over 15 s detaching
+// (issue 37, TestLateStarters py3.13_uvloop). One uprobe_multi link per
+// program and module detaches them all with one grace period.
+func TestSiteProbesDetachTogether(t *testing.T) {
+	requireRoot(t)
+	if !probesite.MultiWanted() {
+		t.Skip("this kernel attaches uprobes one by one (no uprobe_multi, or before 6.11): nothing to group")
+	}
+	objs := loadTestObjects(t)
+	var hello struct{ PID int }
+	// uvloop imported: its module copies contexts at a score of call sites.
+	startJSON(t, pyCmd(t, "trixie", testdataScript(t, "ctx_sender.py"), "8", "5", "uvloop"), &hello)
+	in, err := InspectInterpreter(hello.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods, _, err := copyModules(in.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sites := 0
+	for _, m := range mods {
+		fc, err := readCalls(m.open, m.id)
+		if err != nil || fc.err != nil {
+			t.Fatalf("%s: %v %v", m.path, err, fc.err)
+		}
+		sites += len(fc.calls.Sites) + len(fc.calls.Returns)
+	}
+	c, _, err := in.AttachSiteProbes(objs.GtPyCopySite, objs.GtPyCopyRet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := c.(*Probes)
+	// Per module one link for the sites and one for the wrappers' returns,
+	// and one for contextvars.Context()'s return.
+	if want := 2*len(mods) + 1; len(p.links) > want {
+		t.Errorf("%d links for %d probes in %d modules, want at most %d: each link is a detach of its own",
+			len(p.links), sites, len(mods), want)
+	}
+	t.Logf("%d probes in %d modules: %d links", sites, len(mods), len(p.links))
 }

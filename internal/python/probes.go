@@ -21,16 +21,12 @@ type Probes struct {
 	links []link.Link
 }
 
-// Close detaches every probe; it is safe to call more than once.
+// Close detaches every probe, all at once (probesite.CloseAll); it is safe
+// to call more than once.
 func (p *Probes) Close() error {
-	var errs []error
-	for _, l := range p.links {
-		if err := l.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	err := probesite.CloseAll(p.links)
 	p.links = nil
-	return errors.Join(errs...)
+	return err
 }
 
 // AttachProbes attaches copyRet (gt_py_copy_ret from bpf/python_probes.h) as
@@ -57,48 +53,56 @@ func (in *Interpreter) AttachProbes(copyRet *ebpf.Program) (io.Closer, error) {
 	// A return probe placed after the function's first instructions still
 	// sees the return address on top of the stack: probesite.Return only
 	// moves past ones that leave %rsp alone.
-	l, err := ex.Uretprobe(ProbeSymbol, copyRet, &link.UprobeOptions{PID: in.PID, Offset: off})
-	if err != nil {
-		return nil, fmt.Errorf("attaching a return probe to %s in %s of process %d: %w",
-			ProbeSymbol, in.MappedPath, in.PID, err)
-	}
-	p := &Probes{links: []link.Link{l}}
+	specs := []probesite.Spec{{Symbol: ProbeSymbol, Offset: off}}
 	// contextvars.Context() makes a fresh context without copying (uvicorn's
 	// --reset-contextvars starts every request in one). Unseen, it would
 	// reuse a recycled address and inherit a dead context's root. The same
 	// program on its constructor's return gives it a birth of its own.
-	if l, err := in.attachContextNew(ex, copyRet); err != nil {
-		slog.Warn("contexts made by contextvars.Context() are not seen: calls made in them may stay unattributed",
-			"component", "python", "pid", in.PID, "err", err)
-	} else {
-		p.links = append(p.links, l)
+	cn, cnErr := in.contextNewSpec()
+	if cnErr == nil {
+		specs = append(specs, cn)
 	}
-	return p, nil
+	ls, err := probesite.Attach(ex, copyRet, in.PID, true, specs)
+	if both := err; both != nil && cnErr == nil {
+		// All or nothing: without the constructor's probe, the copies' alone.
+		if ls, err = probesite.Attach(ex, copyRet, in.PID, true, specs[:1]); err == nil {
+			cnErr = fmt.Errorf("attaching its return probe: %w", both)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("attaching a return probe to %s in %s of process %d: %w",
+			ProbeSymbol, in.MappedPath, in.PID, err)
+	}
+	if cnErr != nil {
+		slog.Warn("contexts made by contextvars.Context() are not seen: calls made in them may stay unattributed",
+			"component", "python", "pid", in.PID, "err", cnErr)
+	}
+	return &Probes{links: ls}, nil
 }
 
 // offsetof(PyTypeObject, tp_new) on 64-bit builds, 3.11-3.14.
 const tpNewOffset = 312
 
-// attachContextNew puts copyRet on the return of PyContext_Type.tp_new
-// (context_tp_new, static, so not in .dynsym): its address is read from the
-// live type object.
-func (in *Interpreter) attachContextNew(ex *link.Executable, copyRet *ebpf.Program) (link.Link, error) {
+// contextNewSpec is where the return probe on PyContext_Type.tp_new
+// (context_tp_new, static, so not in .dynsym) goes: its address is read
+// from the live type object.
+func (in *Interpreter) contextNewSpec() (probesite.Spec, error) {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", in.PID))
 	if err != nil {
-		return nil, err
+		return probesite.Spec{}, err
 	}
 	defer mem.Close()
 	var b [8]byte
 	if _, err := mem.ReadAt(b[:], int64(in.Params.ContextType+tpNewOffset)); err != nil {
-		return nil, fmt.Errorf("reading PyContext_Type.tp_new: %w", err)
+		return probesite.Spec{}, fmt.Errorf("reading PyContext_Type.tp_new: %w", err)
 	}
 	addr := binary.LittleEndian.Uint64(b[:])
 	if addr < in.Bias {
-		return nil, fmt.Errorf("PyContext_Type.tp_new %#x is not in %s", addr, in.MappedPath)
+		return probesite.Spec{}, fmt.Errorf("PyContext_Type.tp_new %#x is not in %s", addr, in.MappedPath)
 	}
 	f, err := elf.Open(in.ELFPath)
 	if err != nil {
-		return nil, err
+		return probesite.Spec{}, err
 	}
 	defer f.Close()
 	vaddr := addr - in.Bias
@@ -106,16 +110,16 @@ func (in *Interpreter) attachContextNew(ex *link.Executable, copyRet *ebpf.Progr
 	// the entry (probesite.Return would answer the same without a size).
 	off, cheap, err := probesite.Entry(f, vaddr)
 	if err != nil {
-		return nil, fmt.Errorf("PyContext_Type.tp_new %#x: %w", vaddr, err)
+		return probesite.Spec{}, fmt.Errorf("PyContext_Type.tp_new %#x: %w", vaddr, err)
 	}
 	if !cheap {
-		return nil, fmt.Errorf("PyContext_Type.tp_new at %#x starts with an instruction the kernel single-steps", vaddr)
+		return probesite.Spec{}, fmt.Errorf("PyContext_Type.tp_new at %#x starts with an instruction the kernel single-steps", vaddr)
 	}
 	foff, err := probesite.FileOffset(f, vaddr)
 	if err != nil {
-		return nil, fmt.Errorf("PyContext_Type.tp_new %#x in %s: %w", vaddr, in.MappedPath, err)
+		return probesite.Spec{}, fmt.Errorf("PyContext_Type.tp_new %#x in %s: %w", vaddr, in.MappedPath, err)
 	}
-	return ex.Uretprobe("context_tp_new", copyRet, &link.UprobeOptions{PID: in.PID, Address: foff, Offset: off})
+	return probesite.Spec{Address: foff, Offset: off}, nil
 }
 
 // AttachProbes inspects pid and attaches the context-link probe; see

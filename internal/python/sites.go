@@ -242,17 +242,22 @@ func (in *Interpreter) attachPlan(plan []planned, site, ret *ebpf.Program) (*Pro
 	if err != nil {
 		return fail(err)
 	}
-	if l, err := in.attachContextNew(ex, ret); err == nil {
-		p.links = append(p.links, l)
+	if cn, err := in.contextNewSpec(); err == nil {
+		if ls, err := probesite.Attach(ex, ret, in.PID, true, []probesite.Spec{cn}); err == nil {
+			p.links = append(p.links, ls...)
+		}
 	}
 	return p, nil
 }
 
+// attachCalls attaches site after every call of c in module m, and ret on
+// the return of every wrapper: one link for each (probesite.Attach).
 func (in *Interpreter) attachCalls(p *Probes, f *elf.File, m copyModule, c *probesite.Calls, site, ret *ebpf.Program) error {
 	ex, err := link.OpenExecutable(m.open)
 	if err != nil {
 		return fmt.Errorf("opening %s of process %d for uprobes: %w", m.path, in.PID, err)
 	}
+	var sites, rets []probesite.Spec
 	for _, s := range c.Sites {
 		cookie, ok := siteRegs[s.Reg]
 		if !ok {
@@ -265,11 +270,7 @@ func (in *Interpreter) attachCalls(p *Probes, f *elf.File, m copyModule, c *prob
 		if err != nil {
 			return err
 		}
-		l, err := ex.Uprobe(ProbeSymbol, site, &link.UprobeOptions{PID: in.PID, Address: off, Cookie: cookie})
-		if err != nil {
-			return fmt.Errorf("attaching the link probe after the call at %#x in %s of process %d: %w", s.Call, m.path, in.PID, err)
-		}
-		p.links = append(p.links, l)
+		sites = append(sites, probesite.Spec{Address: off, Cookie: cookie})
 	}
 	for _, w := range c.Returns {
 		at, cheap, err := probesite.Entry(f, w)
@@ -280,12 +281,20 @@ func (in *Interpreter) attachCalls(p *Probes, f *elf.File, m copyModule, c *prob
 		if err != nil {
 			return err
 		}
-		l, err := ex.Uretprobe(ProbeSymbol, ret, &link.UprobeOptions{PID: in.PID, Address: off, Offset: at})
-		if err != nil {
-			return fmt.Errorf("attaching a return probe to the wrapper at %#x in %s of process %d: %w", w, m.path, in.PID, err)
-		}
-		p.links = append(p.links, l)
+		rets = append(rets, probesite.Spec{Address: off, Offset: at})
 	}
+	ls, err := probesite.Attach(ex, site, in.PID, false, sites)
+	if err != nil {
+		return fmt.Errorf("attaching the link probes after the %d calls of %s in %s of process %d: %w",
+			len(sites), ProbeSymbol, m.path, in.PID, err)
+	}
+	p.links = append(p.links, ls...)
+	ls, err = probesite.Attach(ex, ret, in.PID, true, rets)
+	if err != nil {
+		return fmt.Errorf("attaching return probes to the %d wrappers of %s in %s of process %d: %w",
+			len(rets), ProbeSymbol, m.path, in.PID, err)
+	}
+	p.links = append(p.links, ls...)
 	return nil
 }
 

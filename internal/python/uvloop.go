@@ -346,25 +346,21 @@ func (m *UVloopModule) AttachWriteProbes(pid int, prog *ebpf.Program) (io.Closer
 	if err != nil {
 		return nil, fmt.Errorf("opening %s of process %d for uprobes: %w", m.Path, pid, err)
 	}
-	p := &Probes{}
+	var specs []probesite.Spec
 	for _, s := range m.Sites {
 		cookie, err := s.Cookie()
 		if err != nil {
-			_ = p.Close()
 			return nil, err
 		}
 		if !s.Cheap {
-			_ = p.Close()
 			return nil, fmt.Errorf("UVStream.%s in %s starts with an instruction the kernel would single-step "+
 				"(about 20 µs a write); not probing it", s.Name, m.Path)
 		}
-		l, err := ex.Uprobe("UVStream."+s.Name, prog, &link.UprobeOptions{
-			PID: pid, Address: s.FileOff, Offset: s.Offset, Cookie: cookie})
-		if err != nil {
-			_ = p.Close()
-			return nil, fmt.Errorf("attaching a uprobe to UVStream.%s in %s of process %d: %w", s.Name, m.Path, pid, err)
-		}
-		p.links = append(p.links, l)
+		specs = append(specs, probesite.Spec{Address: s.FileOff, Offset: s.Offset, Cookie: cookie})
 	}
-	return p, nil
+	ls, err := probesite.Attach(ex, prog, pid, false, specs)
+	if err != nil {
+		return nil, fmt.Errorf("attaching uprobes to UVStream's write methods in %s of process %d: %w", m.Path, pid, err)
+	}
+	return &Probes{links: ls}, nil
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Programs are the kernel programs of bpf/tls.h.
@@ -61,6 +63,7 @@ type Attacher struct {
 
 	mu      sync.Mutex
 	enabled bool
+	closed  bool // Close ran: nothing is attached again
 	procs   map[int]*proc
 	// Files known to hold no OpenSSL, and sites of those that do, by
 	// inode: a file is read once however many processes map it.
@@ -112,7 +115,7 @@ func NewAttacher(progs Programs, opt Options) (*Attacher, error) {
 func (a *Attacher) SetEnabled(on bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.enabled == on {
+	if a.enabled == on || a.closed {
 		return
 	}
 	a.enabled = on
@@ -131,6 +134,9 @@ func (a *Attacher) SetEnabled(on bool) {
 func (a *Attacher) Add(pid int) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
 	p := a.procs[pid]
 	if p == nil {
 		p = &proc{libs: map[fileKey]*attached{}, skipped: map[fileKey]bool{}}
@@ -162,11 +168,8 @@ func (a *Attacher) Take(pid int) []io.Closer {
 	}
 	delete(a.procs, pid)
 	var out []io.Closer
-	for k, at := range p.libs {
-		for _, l := range at.links {
-			out = append(out, l)
-		}
-		delete(p.libs, k)
+	for _, l := range p.take() {
+		out = append(out, l)
 	}
 	return out
 }
@@ -217,30 +220,39 @@ func (a *Attacher) Run(ctx context.Context) error {
 	}
 }
 
-// Close detaches every probe.
+// Close detaches every probe, all at once (probesite.CloseAll), and stops
+// the attacher: processes added or rescanned after attach nothing.
 func (a *Attacher) Close() error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	var errs []error
-	for pid, p := range a.procs {
-		errs = append(errs, a.detachLocked(pid, p))
+	a.closed, a.enabled = true, false
+	var links []link.Link
+	for _, p := range a.procs {
+		links = append(links, p.take()...)
 	}
 	a.procs = map[int]*proc{}
-	return errors.Join(errs...)
+	a.mu.Unlock()
+	if err := probesite.CloseAll(links); err != nil {
+		return fmt.Errorf("detaching TLS probes: %w", err)
+	}
+	return nil
 }
 
 func (a *Attacher) detachLocked(pid int, p *proc) error {
-	var errs []error
-	for k, at := range p.libs {
-		for _, l := range at.links {
-			if err := l.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("detaching TLS probes from %s in process %d: %w", at.lib.Path, pid, err))
-			}
-		}
-		delete(p.libs, k)
+	if err := probesite.CloseAll(p.take()); err != nil {
+		return fmt.Errorf("detaching TLS probes from process %d: %w", pid, err)
 	}
 	clear(p.skipped)
-	return errors.Join(errs...)
+	return nil
+}
+
+// take forgets p's libraries and returns their probes, still attached.
+func (p *proc) take() []link.Link {
+	var out []link.Link
+	for k, at := range p.libs {
+		out = append(out, at.links...)
+		delete(p.libs, k)
+	}
+	return out
 }
 
 // scanLocked attaches to the OpenSSL copies pid maps that are not attached
@@ -357,40 +369,39 @@ func (a *Attacher) attach(pid int, path string, s *Sites) (*attached, error) {
 		return nil, fmt.Errorf("opening %s of process %d for uprobes: %w", path, pid, err)
 	}
 	at := &attached{lib: Library{Path: path, Static: s.Static, Sites: *s}}
-	fail := func(what string, err error) (*attached, error) {
-		for _, l := range at.links {
-			l.Close()
-		}
-		return nil, fmt.Errorf("attaching the TLS %s probe to %s in process %d: %w", what, path, pid, err)
-	}
-	for _, rw := range []Site{s.Read, s.Write} {
-		cookie := uint64(rw.Flavor)
-		if rw.Write {
+	// One link per program (probesite.Attach): the read and write entries
+	// together, their returns together.
+	var rw []probesite.Spec
+	for _, site := range []Site{s.Read, s.Write} {
+		cookie := uint64(site.Flavor)
+		if site.Write {
 			cookie |= cookieWrite
 		}
-		o := &link.UprobeOptions{Address: rw.Offset, PID: pid, Cookie: cookie}
-		l, err := ex.Uprobe("", a.progs.RWEntry, o)
-		if err != nil {
-			return fail(rw.Symbol+" entry", err)
-		}
-		at.links = append(at.links, l)
-		l, err = ex.Uretprobe("", a.progs.RWReturn, o)
-		if err != nil {
-			return fail(rw.Symbol+" return", err)
-		}
-		at.links = append(at.links, l)
+		rw = append(rw, probesite.Spec{Address: site.Offset, Cookie: cookie})
 	}
-	l, err := ex.Uprobe("", a.progs.Handshake, &link.UprobeOptions{Address: s.Handshake.Offset, PID: pid})
-	if err != nil {
-		return fail("SSL_do_handshake", err)
+	type set struct {
+		what  string
+		prog  *ebpf.Program
+		ret   bool
+		specs []probesite.Spec
 	}
-	at.links = append(at.links, l)
+	probes := []set{
+		{s.Read.Symbol + " and " + s.Write.Symbol + " entry", a.progs.RWEntry, false, rw},
+		{s.Read.Symbol + " and " + s.Write.Symbol + " return", a.progs.RWReturn, true, rw},
+		{"SSL_do_handshake", a.progs.Handshake, false, []probesite.Spec{{Address: s.Handshake.Offset}}},
+	}
 	if s.Free.Offset != 0 {
-		l, err := ex.Uprobe("", a.progs.Free, &link.UprobeOptions{Address: s.Free.Offset, PID: pid})
+		probes = append(probes, set{"SSL_free", a.progs.Free, false, []probesite.Spec{{Address: s.Free.Offset}}})
+	}
+	for _, p := range probes {
+		ls, err := probesite.Attach(ex, p.prog, pid, p.ret, p.specs)
 		if err != nil {
-			return fail("SSL_free", err)
+			for _, l := range at.links {
+				l.Close()
+			}
+			return nil, fmt.Errorf("attaching the TLS %s probe to %s in process %d: %w", p.what, path, pid, err)
 		}
-		at.links = append(at.links, l)
+		at.links = append(at.links, ls...)
 	}
 	return at, nil
 }

@@ -306,19 +306,26 @@ func (g *gymtrace) settle(t testing.TB, want int) map[string]float64 {
 	}
 }
 
+// shutdownHang bounds gymtrace's exit after SIGTERM. It tells a hang from
+// an exit, and is no measure of speed: on a loaded 2-core machine the
+// kernel's detaches take their time (the exit time is logged instead).
+const shutdownHang = 60 * time.Second
+
 // shutdown sends SIGTERM and requires a clean exit with a "gymtrace: detached"
-// line within 15 s.
+// line; it logs how long the exit took.
 func (g *gymtrace) shutdown(t testing.TB) {
 	t.Helper()
 	if g.Exited() {
 		t.Fatalf("gymtrace exited before the test stopped it (%v); stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 	}
+	sent := time.Now()
 	g.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-g.Done:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("gymtrace did not exit within 15 s of SIGTERM; stderr:\n%s", tail(g.Stderr.String(), 4096))
+	case <-time.After(shutdownHang):
+		t.Fatalf("gymtrace did not exit within %v of SIGTERM: it hangs; stderr:\n%s", shutdownHang, tail(g.Stderr.String(), 4096))
 	}
+	t.Logf("gymtrace exited %v after SIGTERM", time.Since(sent).Round(time.Millisecond))
 	if g.Err != nil {
 		t.Errorf("gymtrace exited with %v after SIGTERM; stderr:\n%s", g.Err, tail(g.Stderr.String(), 4096))
 	}

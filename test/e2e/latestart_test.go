@@ -155,6 +155,7 @@ func lateStartRun(t *testing.T, py causalityInterp, launch []string, loop string
 		if len(sc.Examples) > 0 {
 			t.Logf("first findings: %v", sc.Examples)
 		}
+		t.Logf("gymtrace's warnings:\n%s", warnings(gt.Stderr.String()))
 	}
 	for _, k := range []string{"agent", "model", "resources"} {
 		if _, ok := lead[st.ready.Servers[k].PID]; !ok {
@@ -162,4 +163,15 @@ func lateStartRun(t *testing.T, py causalityInterp, launch []string, loop string
 		}
 	}
 	st.Stop(10 * time.Second)
+}
+
+// warnings are the WARN and ERROR lines of a log.
+func warnings(log string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/gymtrace/gymtrace/internal/probesite"
 )
 
 // Objects is the loaded test object.
@@ -37,8 +39,15 @@ const (
 
 // Load loads the test object into the kernel.
 func Load() (*Objects, error) {
+	spec, err := loadTlstest()
+	if err != nil {
+		return nil, err
+	}
+	// Typed as gymtrace loads its own (internal/loader), so the tests
+	// attach the way it does.
+	probesite.PrepareMulti(spec)
 	var o Objects
-	if err := loadTlstestObjects(&o, nil); err != nil {
+	if err := spec.LoadAndAssign(&o, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("%+v", ve)
