@@ -83,7 +83,7 @@ func verifyCount(rm metricdata.ResourceMetrics) uint64 {
 func TestStopExportsBeforeProbesAreOff(t *testing.T) {
 	const pid = 400
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	mask := groups.Server.Mask() | groups.Verify.Mask()
+	mask := groups.Server.Mask() | groups.Verify.Mask() | groups.HTTPClient.Mask() // a client record may come: the /verify waits
 	a := &agent{log: log, procs: map[int]*discover.Process{
 		pid: {PID: pid, Role: loader.RoleResources, ServerName: "weather", StartTime: 1},
 	}}
