@@ -26,9 +26,9 @@ import (
 	"log/slog"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 
+	"github.com/gymtrace/gymtrace/internal/kversion"
 	"golang.org/x/sys/unix"
 	"kernel.org/pub/linux/libs/security/libcap/cap"
 )
@@ -186,11 +186,7 @@ func Name(v cap.Value) string { return strings.ToUpper(v.String()) }
 // when unprivileged BPF is disabled (the usual setting); 6.4 moved the check
 // to map creation and program loading.
 func bpfChecksEveryCall() bool {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return true
-	}
-	major, minor, ok := kernelVersion(unix.ByteSliceToString(u.Release[:]))
+	major, minor, ok := kversion.Running()
 	if !ok || major > 6 || major == 6 && minor >= 4 {
 		return !ok
 	}
@@ -199,18 +195,4 @@ func bpfChecksEveryCall() bool {
 		return true
 	}
 	return strings.TrimSpace(string(b)) != "0"
-}
-
-func kernelVersion(release string) (major, minor int, ok bool) {
-	parts := strings.SplitN(release, ".", 3)
-	if len(parts) < 2 {
-		return 0, 0, false
-	}
-	major, err1 := strconv.Atoi(parts[0])
-	digits := parts[1]
-	if i := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		digits = digits[:i] // "4-rc1"
-	}
-	minor, err2 := strconv.Atoi(digits)
-	return major, minor, err1 == nil && err2 == nil
 }

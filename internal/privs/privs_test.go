@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gymtrace/gymtrace/internal/kversion"
 	"golang.org/x/sys/unix"
 	"kernel.org/pub/linux/libs/security/libcap/cap"
 )
@@ -27,7 +28,7 @@ func TestKernelVersion(t *testing.T) {
 		{"6", 0, 0, false},
 		{"x.y", 0, 0, false},
 	} {
-		ma, mi, ok := kernelVersion(tc.in)
+		ma, mi, ok := kversion.Parse(tc.in)
 		if ma != tc.major || mi != tc.minor || ok != tc.ok {
 			t.Errorf("kernelVersion(%q) = %d, %d, %v; want %d, %d, %v", tc.in, ma, mi, ok, tc.major, tc.minor, tc.ok)
 		}

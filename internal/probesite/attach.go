@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"github.com/gymtrace/gymtrace/internal/kversion"
 	"golang.org/x/sys/unix"
 )
 
@@ -50,12 +50,7 @@ var multiOnce = sync.OnceValue(func() bool {
 	// Before Linux 6.11 (46ba0e49b642) a uprobe_multi link's pid filter let
 	// only the process's main thread through; a perf uprobe's takes every
 	// thread, which the TLS probes need (OpenSSL in a worker thread).
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return false
-	}
-	major, minor, ok := kernelVersion(unix.ByteSliceToString(u.Release[:]))
-	return ok && (major > 6 || major == 6 && minor >= 11)
+	return kversion.AtLeast(6, 11)
 })
 
 // MultiWanted reports whether uprobes go on as uprobe_multi links here: the
@@ -176,18 +171,3 @@ func CloseAll[C io.Closer](cs []C) error {
 // closeAtOnce bounds CloseAll's goroutines: each close waits in the kernel
 // on a thread of its own.
 const closeAtOnce = 32
-
-// kernelVersion reads "6.18.44-..." as 6, 18.
-func kernelVersion(release string) (major, minor int, ok bool) {
-	parts := strings.SplitN(release, ".", 3)
-	if len(parts) < 2 {
-		return 0, 0, false
-	}
-	major, err1 := strconv.Atoi(parts[0])
-	digits := parts[1]
-	if i := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		digits = digits[:i] // "4-rc1"
-	}
-	minor, err2 := strconv.Atoi(digits)
-	return major, minor, err1 == nil && err2 == nil
-}
