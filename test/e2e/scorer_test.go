@@ -73,7 +73,10 @@ type causalityScore struct {
 	WrongExamples []string // the first wrong parents
 }
 
+// wrong records a wrong parent among the first findings and, apart, among
+// the first wrong parents (missing spans can fill the findings first).
 func (s *causalityScore) wrong(format string, args ...any) {
+	s.example(format, args...)
 	if len(s.WrongExamples) < 8 {
 		s.WrongExamples = append(s.WrongExamples, fmt.Sprintf(format, args...))
 	}
