@@ -11,37 +11,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gymtrace/gymtrace/internal/kversion"
 	"golang.org/x/sys/unix"
 	"kernel.org/pub/linux/libs/security/libcap/cap"
 )
-
-func TestKernelVersion(t *testing.T) {
-	for _, tc := range []struct {
-		in           string
-		major, minor int
-		ok           bool
-	}{
-		{"6.18.0-1-amd64", 6, 18, true},
-		{"6.4-rc1", 6, 4, true},
-		{"5.15.0-91-generic", 5, 15, true},
-		{"6", 0, 0, false},
-		{"x.y", 0, 0, false},
-	} {
-		ma, mi, ok := kversion.Parse(tc.in)
-		if ma != tc.major || mi != tc.minor || ok != tc.ok {
-			t.Errorf("kernelVersion(%q) = %d, %d, %v; want %d, %d, %v", tc.in, ma, mi, ok, tc.major, tc.minor, tc.ok)
-		}
-	}
-}
-
-func caps(ns []need) []string {
-	var out []string
-	for _, n := range ns {
-		out = append(out, Name(n.c))
-	}
-	return out
-}
 
 func TestNeedsList(t *testing.T) {
 	for _, tc := range []struct {
