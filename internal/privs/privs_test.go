@@ -15,6 +15,14 @@ import (
 	"kernel.org/pub/linux/libs/security/libcap/cap"
 )
 
+func caps(ns []need) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, Name(n.c))
+	}
+	return out
+}
+
 func TestNeedsList(t *testing.T) {
 	for _, tc := range []struct {
 		n      Needs
