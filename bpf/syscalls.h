@@ -46,8 +46,7 @@ static __always_inline void gt_conn_check_gen(struct gt_conn *c, __u32 gen)
 	for (int i = 0; i < 2; i++) {
 		if (c->dir[i].phase != GT_PH_IDLE) {
 			c->dir[i].phase = GT_PH_SKIP;
-			if (c->dir[i].is_req)
-				c->gap |= GT_GAP_FRAMING;
+			gt_framing_lost(c, &c->dir[i]);
 		}
 	}
 }
