@@ -322,7 +322,13 @@ static __always_inline struct gt_py_link *gt_py_eager(const struct gt_py_params 
 						      __u64 name, struct gt_py_link *l)
 {
 	__u64 serial = 0; // read once, where it is needed
-	int stale = l && l->owner && l->owner != task;
+	// A link with no owner was made by a probe that sees every copy: the
+	// return probe before the call-site probes went on, or copy_context()'s.
+	// Nothing proves it is this Task's context's (an eager Task quiet in its
+	// eager step may sit at the address of such a context, long dead), so it
+	// is stale too: a Task born before the call-site probes goes
+	// unattributed, never under that dead context's request.
+	int stale = l && l->owner != task;
 	if (l && !stale && l->owner && l->owner_serial) {
 		serial = gt_py_task_serial(p, name);
 		// While its name is still the counter, another one is another Task.

@@ -111,6 +111,16 @@ func (p *pyTargets) watchSites(pid int, in *python.Interpreter, sp *siteProbes, 
 			return
 		}
 		p.probes[pid] = c
+		// The return probe links every copy, with no owner: the kernel
+		// must not ask a running Task's link for one any more (FlagEager).
+		// FlagTasks stays: distrusting unseen births is still right.
+		if l, ok := p.tasks[pid]; ok && l.Eager {
+			l.Eager = false
+			p.tasks[pid] = l
+			if err := p.t.kern.SetPython(pid, p.paramsLocked(pid, in)); err != nil {
+				p.t.log.Warn("asyncio links of eager tasks stay off after the return probe went back", "pid", pid, "err", err)
+			}
+		}
 		p.mu.Unlock()
 		_ = sp.Close()
 		p.t.log.Info("a module that copies asyncio contexts was loaded after the call-site probes went on: back to the return probe",

@@ -193,7 +193,12 @@ func (p *pyTargets) uvloop(pid int, in *python.Interpreter) {
 	p.mu.Lock()
 	delete(p.uvWatch, pid)
 	p.mu.Unlock()
-	go p.sites(pid, in)
+	// uvloop was there at attach (gymtrace started beside a running
+	// server): the call-site probes go on before gymtrace says "attached".
+	// Until they do, births are linked by the return probe with no owner,
+	// and under uvloop on 3.14 no eager Task a Task born then starts can be
+	// linked: those calls would go unattributed.
+	p.sites(pid, in)
 }
 
 func (p *pyTargets) watchUVloop(pid int, in *python.Interpreter) {

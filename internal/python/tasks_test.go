@@ -128,14 +128,17 @@ func TestKernelTaskLinks(t *testing.T) {
 }
 
 // TestKernelEagerSerial: the owner check tells a new Task at a dead one's
-// address apart by its name counter. eager_stale.py starts two eager tasks
-// that make no traced call in their eager steps; in each eager step the test
+// address apart by its name counter, and a link with no owner is no running
+// Task's. eager_stale.py starts three eager tasks that make no traced call
+// in their eager steps; in each eager step the test
 // plants at the task's context the link a dead Task at the same Task and
 // context addresses would have left (the 0.7 % case of docs/python-causality.md,
 // "Eager tasks"), with a root of its own. A's planted link has another
 // serial: its later send must carry no root. B's has none recorded (a named
 // Task's): the address check alone passes it, and its send carries that
-// root, which shows the planted link is what the kernel reads.
+// root, which shows the planted link is what the kernel reads. C's has no
+// owner (what the return probe left before the call-site probes went on, or
+// a copy_context() context that died): its send must carry no root.
 func TestKernelEagerSerial(t *testing.T) {
 	if !SiteProbesWanted() {
 		t.Skip("task-only links use call-site probes: x86-64 only (or GYMTRACE_PY_SITES=0)")
@@ -175,16 +178,23 @@ func TestKernelEagerSerial(t *testing.T) {
 	defer rd.Close()
 
 	fmt.Fprintln(s.stdin, "go")
-	roots := map[string]CtxID{"A": 0x7f00_0000_a000 | 3<<genShift, "B": 0x7f00_0000_b000 | 3<<genShift}
-	for _, name := range []string{"A", "B"} {
+	roots := map[string]CtxID{"A": 0x7f00_0000_a000 | 3<<genShift, "B": 0x7f00_0000_b000 | 3<<genShift,
+		"C": 0x7f00_0000_c000 | 3<<genShift}
+	for _, name := range []string{"A", "B", "C"} {
 		var born struct{ Task, Ctx uint64 }
 		line, err := s.out.ReadBytes('\n')
 		if err != nil || json.Unmarshal(line, &born) != nil || born.Task == 0 || born.Ctx == 0 {
 			t.Fatalf("task %s: no ids from its eager step (%q): %v", name, line, err)
 		}
 		planted := Link{Root: roots[name], Gen: 9, BornNs: 1, Owner: born.Task}
-		if name == "A" {
+		switch name {
+		case "A":
 			planted.OwnerSerial = 1<<63 | 0xdead // no counter's
+		case "C":
+			// What a probe that sees every copy leaves (the return probe
+			// before the call-site probes went on, or copy_context()): no
+			// owner, so nothing proves it is this Task's context's.
+			planted.Owner = 0
 		}
 		if err := objs.GtPyLinks.Put(born.Ctx, planted); err != nil {
 			t.Fatal(err)
@@ -193,7 +203,7 @@ func TestKernelEagerSerial(t *testing.T) {
 	}
 	got := map[string]CtxID{}
 	rd.SetDeadline(time.Now().Add(5 * time.Second))
-	for len(got) < 2 {
+	for len(got) < 3 {
 		rec, err := rd.Read()
 		if err != nil {
 			t.Fatalf("sends seen %v: %v", got, err)
@@ -208,6 +218,9 @@ func TestKernelEagerSerial(t *testing.T) {
 	}
 	if got["A"] != 0 {
 		t.Errorf("A's send carries root %s: a dead Task's link with another serial was trusted", got["A"])
+	}
+	if got["C"] != 0 {
+		t.Errorf("C's send carries root %s: a link with no owner was trusted for a running Task", got["C"])
 	}
 	if got["B"] != roots["B"] {
 		t.Errorf("B's send carries root %s, want the planted %s", got["B"], roots["B"])

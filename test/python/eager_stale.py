@@ -1,12 +1,12 @@
 """Eager tasks quiet in their eager steps, for TestKernelEagerSerial.
 
 Prints {"pid", "version"} and waits for a line ("go": the probes are on).
-Then, for each of the tasks "A" and "B", started eagerly one after the
+Then, for each of the tasks "A", "B" and "C", started eagerly one after the
 other on uvloop: from its eager step it prints {"task": id(task), "ctx":
 id(its context)} and waits for a line (the test plants a link at that
 context meanwhile); after its first await it sends "S <name>" on a socket
 pair (sendto, which the test's program records). Then it prints
-{"sent": 2} and waits for stdin to close.
+{"sent": 3} and waits for stdin to close.
 """
 import asyncio
 import json
@@ -34,9 +34,9 @@ async def quiet(name):
 
 async def main():
     loop = asyncio.get_running_loop()
-    for name in ("A", "B"):
+    for name in ("A", "B", "C"):
         await asyncio.Task(quiet(name), loop=loop, eager_start=True)
-    say({"sent": 2})
+    say({"sent": 3})
     sys.stdin.read()
 
 
