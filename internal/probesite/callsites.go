@@ -79,7 +79,7 @@ type tracker struct {
 	f        *elf.File
 	targets  map[uint64]bool
 	slots    map[uint64]bool
-	wrappers map[uint64]bool // functions that are one jump to it (decodeAll)
+	wrappers map[uint64]bool // functions that are one jump to it (decodeAll, entryJump)
 	// entries: where each function that starts with a jump has it.
 	entries map[uint64]inst
 	// named: the targets and wrappers, then the slots (mayName); the
@@ -87,6 +87,9 @@ type tracker struct {
 	named     []uint64
 	nearNamed int
 	defined   uint64 // the function's address when f defines it
+	// keepAll: decode keeps every function, named or not (FindHolderCalls).
+	keepAll bool
+	code    map[*elf.Section][]byte // sectionData
 }
 
 // ripTarget is the address a RIP-relative memory operand of in (at pc)
@@ -133,12 +136,8 @@ type function struct {
 func (t *tracker) decodeAll(starts []uint64) ([]*function, error) {
 	t.entries = map[uint64]inst{}
 	if err := t.eachFunction(starts, func(code []byte, start uint64) error {
-		at := 0
-		if IsEndbr64(code) {
-			at = 4
-		}
-		if in, err := x86asm.Decode(code[at:], 64); err == nil && in.Op == x86asm.JMP {
-			t.entries[start] = inst{pc: start + uint64(at), in: in}
+		if j, ok := entryJump(code, start); ok {
+			t.entries[start] = j
 		}
 		return nil
 	}); err != nil {
@@ -177,6 +176,30 @@ func (t *tracker) decodeAll(starts []uint64) ([]*function, error) {
 	return out, err
 }
 
+// framePair is what a build with frame pointers (clang's
+// -fno-omit-frame-pointer, python-build-standalone's) makes of a function
+// that only tail-calls another: push %rbp; mov %rsp,%rbp; pop %rbp; jmp.
+var framePair = []byte{0x55, 0x48, 0x89, 0xe5, 0x5d}
+
+// entryJump is the jump a function starts with, after endbr64 and a frame
+// set up and torn down again (framePair), which leave the stack as the
+// caller left it: such a function is a wrapper when the jump leads to the
+// function.
+func entryJump(code []byte, start uint64) (inst, bool) {
+	at := 0
+	if IsEndbr64(code) {
+		at = 4
+	}
+	if len(code) >= at+len(framePair) && string(code[at:at+len(framePair)]) == string(framePair) {
+		at += len(framePair)
+	}
+	in, err := x86asm.Decode(code[at:], 64)
+	if err != nil || in.Op != x86asm.JMP {
+		return inst{}, false
+	}
+	return inst{pc: start + uint64(at), in: in}, true
+}
+
 // mayName: some 4-byte field of code, read as a displacement that ends its
 // instruction (rel32, RIP-relative disp32), or some byte read as a rel8,
 // leads to the function, a wrapper or a slot. Only such functions are
@@ -209,7 +232,7 @@ func (t *tracker) eachFunction(starts []uint64, do func(code []byte, start uint6
 		case ".plt", ".plt.sec", ".plt.got", ".init", ".fini":
 			continue
 		}
-		code, err := s.Data()
+		code, err := t.sectionData(s)
 		if err != nil {
 			return err
 		}
@@ -225,6 +248,30 @@ func (t *tracker) eachFunction(starts []uint64, do func(code []byte, start uint6
 		}
 	}
 	return nil
+}
+
+// sectionData reads s once per tracker (decodeAll walks the code twice).
+func (t *tracker) sectionData(s *elf.Section) ([]byte, error) {
+	if b, ok := t.code[s]; ok {
+		return b, nil
+	}
+	var b []byte
+	var err error
+	if s.Flags&elf.SHF_COMPRESSED != 0 {
+		b, err = s.Data()
+	} else {
+		// Section.Data grows its buffer as it reads: the size is known.
+		b = make([]byte, s.Size)
+		_, err = s.ReadAt(b, 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", s.Name, err)
+	}
+	if t.code == nil {
+		t.code = map[*elf.Section][]byte{}
+	}
+	t.code[s] = b
+	return b, nil
 }
 
 // decode decodes one function; nil when it names neither the function, a
@@ -272,7 +319,7 @@ func (t *tracker) decode(code []byte, start uint64) (*function, error) {
 		}
 		pc += in.Len
 	}
-	if !keep {
+	if !keep && !t.keepAll {
 		return nil, nil
 	}
 	return fn, nil

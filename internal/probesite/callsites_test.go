@@ -36,6 +36,11 @@ func TestFindCallsDebianBuilds(t *testing.T) {
 		{sidRoot + "/usr/bin/python3.14", 0, 1},
 		{trixieRoot + "/usr/lib/python3.13/lib-dynload/_contextvars.cpython-313-x86_64-linux-gnu.so", 0, 1},
 		{"/usr/lib/python3.11/lib-dynload/_contextvars.cpython-311-x86_64-linux-gnu.so", 0, 1},
+		// python-build-standalone 3.14 (clang, LTO, BOLT; test/pbspython):
+		// _asyncio built in (Task creation, Future.add_done_callback), and
+		// copy_context's wrapper, whose frame pointer set-up entryJump sees
+		// through.
+		{sidRoot + "/opt/python-build-standalone-3.14/bin/python3.14", 2, 1},
 		// The interpreters that call it from no instruction of their own.
 		{trixieRoot + "/usr/bin/python3.13", 0, 0},
 		{"/usr/bin/python3.11", 0, 0},
@@ -171,6 +176,83 @@ func TestStoreAfter(t *testing.T) {
 			reg, ok := storeAfter(f, 0, 0x98)
 			if ok != (c.reg != 0) || reg != c.reg {
 				t.Fatalf("got %v, %v; want %v", reg, ok, c.reg)
+			}
+		})
+	}
+}
+
+// tlsBefore finds where a build that reads the thread state inline
+// (python-build-standalone's Task.__init__, clang with LTO) can probe its
+// inlined register_task: the jcc of `if (task_node.next == NULL)`, the
+// Task in %rbx until the store into task_node; and what must keep a store
+// from counting.
+func TestTLSBefore(t *testing.T) {
+	var (
+		cmpq     = []byte{0x48, 0x83, 0xbb, 0x98, 0x00, 0x00, 0x00, 0x00}       // cmpq $0x0,0x98(%rbx)
+		jne      = []byte{0x75, 0x36}                                           // jne (past the registration)
+		leaRax   = []byte{0x48, 0x8d, 0x83, 0x98, 0x00, 0x00, 0x00}             // lea 0x98(%rbx),%rax
+		tlsRcx   = []byte{0x64, 0x48, 0x8b, 0x0c, 0x25, 0xf8, 0xff, 0xff, 0xff} // mov %fs:0xfffffffffffffff8,%rcx
+		leaRdx   = []byte{0x48, 0x8d, 0x91, 0x70, 0x03, 0x00, 0x00}             // lea 0x370(%rcx),%rdx
+		loadRsi  = []byte{0x48, 0x8b, 0xb1, 0x78, 0x03, 0x00, 0x00}             // mov 0x378(%rcx),%rsi
+		prevRbx  = []byte{0x48, 0x89, 0xb3, 0xa0, 0x00, 0x00, 0x00}             // mov %rsi,0xa0(%rbx)
+		storeRbx = []byte{0x48, 0x89, 0x93, 0x98, 0x00, 0x00, 0x00}             // mov %rdx,0x98(%rbx)
+		movRbx   = []byte{0x48, 0x89, 0xc3}                                     // mov %rax,%rbx
+		ret      = []byte{0xc3}
+	)
+	pbs := cat(cmpq, jne, leaRax, tlsRcx, leaRdx, loadRsi, prevRbx, storeRbx, ret)
+	for _, c := range []struct {
+		name  string
+		code  []byte
+		probe uint64 // 0: none
+	}{
+		{"register_task (python-build-standalone's Task.__init__)", pbs, 0x1008},
+		{"no thread-state read", cat(cmpq, jne, leaRax, leaRdx, loadRsi, prevRbx, storeRbx, ret), 0},
+		{"the base written", cat(cmpq, jne, leaRax, tlsRcx, movRbx, storeRbx, ret), 0},
+		{"returned before it", cat(cmpq, jne, tlsRcx, ret, storeRbx), 0},
+		// jmp back to the lea (at 0x100a) from after the store: another path.
+		{"a branch into the stretch", cat(cmpq, jne, leaRax, tlsRcx, leaRdx, loadRsi, prevRbx, storeRbx, []byte{0xeb, 0xd2}), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := &tracker{targets: map[uint64]bool{}, slots: map[uint64]bool{}, keepAll: true}
+			f, err := tr.decode(c.code, 0x1000)
+			if err != nil || f == nil {
+				t.Fatalf("decoding: %v", err)
+			}
+			var got uint64
+			for j, x := range f.insts {
+				if base, ok := holderStore(x, 0x98); ok && base == x86asm.RBX {
+					if p, ok := tlsBefore(f, j, base); ok {
+						got = p.pc
+					}
+				}
+			}
+			if got != c.probe {
+				t.Fatalf("probe at %#x, want %#x", got, c.probe)
+			}
+		})
+	}
+}
+
+// entryJump sees a wrapper through a frame set up and torn down again
+// (python-build-standalone's copy_context: push %rbp; mov %rsp,%rbp;
+// pop %rbp; jmp PyContext_CopyCurrent).
+func TestEntryJump(t *testing.T) {
+	jmp := []byte{0xe9, 0x96, 0xc8, 0x01, 0x00}
+	for _, c := range []struct {
+		name string
+		code []byte
+		at   uint64 // 0: not a wrapper
+	}{
+		{"a jump", cat(jmp), 0x1000},
+		{"endbr64, a jump", cat([]byte{0xf3, 0x0f, 0x1e, 0xfa}, jmp), 0x1004},
+		{"a frame, a jump", cat(framePair, jmp), 0x1005},
+		{"a frame kept", cat([]byte{0x55, 0x48, 0x89, 0xe5}, jmp), 0},
+		{"a call", cat([]byte{0xe8, 0x96, 0xc8, 0x01, 0x00}), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			j, ok := entryJump(c.code, 0x1000)
+			if ok != (c.at != 0) || (ok && j.pc != c.at) {
+				t.Fatalf("jump %v at %#x (%v), want at %#x", j.in, j.pc, ok, c.at)
 			}
 		})
 	}

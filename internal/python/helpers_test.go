@@ -22,6 +22,9 @@ const (
 	trixiePython = "/usr/bin/python3.13"
 	sidRoot      = "/var/tmp/gymtrace-sid"
 	sidPython    = "/usr/bin/python3.14"
+	// python-build-standalone's 3.14 (Gym's, through uv) in the sid root,
+	// with Debian's dist-packages on its path (test/pbspython).
+	pbsPython = "/opt/python-build-standalone-3.14/bin/python3.14"
 )
 
 func requireRoot(t *testing.T) {
@@ -61,6 +64,8 @@ func pyCmd(t *testing.T, which, script string, args ...string) *exec.Cmd {
 		return rootCmd(t, trixieRoot, trixiePython, script, args...)
 	case "sid":
 		return rootCmd(t, sidRoot, sidPython, script, args...)
+	case "pbs":
+		return rootCmd(t, sidRoot, pbsPython, script, args...)
 	}
 	t.Fatalf("unknown interpreter %q", which)
 	return nil
@@ -71,7 +76,7 @@ func pyCmd(t *testing.T, which, script string, args ...string) *exec.Cmd {
 func rootCmd(t *testing.T, root, python, script string, args ...string) *exec.Cmd {
 	t.Helper()
 	if _, err := os.Stat(filepath.Join(root, python)); err != nil {
-		t.Skipf("no %s in %s: run test/python/make-root.sh (scripts/setup --tests does)", python, root)
+		t.Skipf("no %s in %s: run scripts/setup --tests (test/python/make-root.sh makes the root, test/pbspython puts python-build-standalone in sid)", python, root)
 	}
 	data, err := os.ReadFile(script)
 	if err != nil {

@@ -75,6 +75,20 @@ func TestInspectTrixie313(t *testing.T) {
 	checkLiveWalk(t, cmd, 13)
 }
 
+// python-build-standalone's 3.14 (what uv installs for Gym): libpython is
+// linked into the stripped, non-PIE executable (the libpython3.14.so beside
+// it is for embedders and is not mapped), so the runtime is found in the
+// executable's .dynsym with no bias.
+func TestInspectPBS314(t *testing.T) {
+	requireRoot(t)
+	cmd := pyCmd(t, "pbs", testdataScript(t, "threads_ctx.py"), "4")
+	in := checkLiveWalk(t, cmd, 14)
+	if in.Shared || in.Bias != 0 || !strings.HasSuffix(in.MappedPath, "/bin/python3.14") {
+		t.Errorf("python-build-standalone's python3.14 is a non-PIE executable with libpython linked in; got %s shared=%v bias=%#x",
+			in.MappedPath, in.Shared, in.Bias)
+	}
+}
+
 // A venv with a copied interpreter has a different path and name than the
 // system one (venv --copies); symlinked venvs resolve to it anyway.
 func TestInspectVenvCopy(t *testing.T) {

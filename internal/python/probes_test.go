@@ -9,7 +9,8 @@ import (
 // The probe must land on an instruction the kernel emulates: Debian 12's
 // python3.11 starts PyContext_CopyCurrent with push %rsi, Debian 13's
 // python3.13 with endbr64 then push %rbx, sid's python3.14 with endbr64,
-// two loads and a test before a je.
+// two loads and a test before a je, python-build-standalone's 3.14 with
+// push %rbp.
 func TestProbeOffset(t *testing.T) {
 	for _, c := range []struct {
 		path string
@@ -18,6 +19,8 @@ func TestProbeOffset(t *testing.T) {
 		{"/usr/bin/python3.11", 0},
 		{filepath.Join(trixieRoot, trixiePython), 4},
 		{filepath.Join(sidRoot, sidPython), 0x17},
+		// python-build-standalone: frame pointers, no CET.
+		{filepath.Join(sidRoot, pbsPython), 0},
 	} {
 		if _, err := os.Stat(c.path); err != nil {
 			t.Logf("skipping %s: %v", c.path, err)

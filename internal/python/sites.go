@@ -65,8 +65,17 @@ func statID(path string) (fileID, error) {
 var siteCache = struct {
 	sync.Mutex
 	reaches map[fileID]bool
-	files   map[fileID]*fileCalls
-}{reaches: map[fileID]bool{}, files: map[fileID]*fileCalls{}}
+	files   map[fileID]*fileRead
+}{reaches: map[fileID]bool{}, files: map[fileID]*fileRead{}}
+
+// fileRead is one file's reading, done or under way: the processes of a
+// Gym run start together and map the same interpreter (python-build-
+// standalone's is 29 MB, most of a second to read), so the others wait for
+// the one reading it.
+type fileRead struct {
+	done chan struct{}
+	fc   *fileCalls
+}
 
 // reachesCopy: f defines or imports PyContext_CopyCurrent.
 func reachesCopy(open string, id fileID) bool {
@@ -103,21 +112,40 @@ type fileCalls struct {
 	lazyErr error
 }
 
-// readCalls reads the file once per gymtrace; a file that cannot be opened
-// is tried again next time.
+// readCalls reads the file once per gymtrace, also when several processes
+// ask at once; a file that cannot be opened is tried again next time.
 func readCalls(open string, id fileID) (*fileCalls, error) {
 	siteCache.Lock()
-	fc := siteCache.files[id]
-	siteCache.Unlock()
-	if fc != nil {
-		return fc, nil
+	r := siteCache.files[id]
+	if r == nil {
+		r = &fileRead{done: make(chan struct{})}
+		siteCache.files[id] = r
+		siteCache.Unlock()
+		fc, err := readCallsOnce(open)
+		siteCache.Lock()
+		if err != nil {
+			delete(siteCache.files, id)
+		}
+		r.fc = fc
+		siteCache.Unlock()
+		close(r.done)
+		return fc, err
 	}
+	siteCache.Unlock()
+	<-r.done
+	if r.fc == nil {
+		return readCalls(open, id) // the reader could not open it: try again
+	}
+	return r.fc, nil
+}
+
+func readCallsOnce(open string) (*fileCalls, error) {
 	f, err := elf.Open(open)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fc = &fileCalls{}
+	fc := &fileCalls{}
 	fc.calls, fc.err = probesite.FindCalls(f, ProbeSymbol)
 	fc.layout, fc.layoutErr = readTaskLayout(f)
 	if fc.err == nil && fc.layoutErr == nil {
@@ -125,9 +153,6 @@ func readCalls(open string, id fileID) (*fileCalls, error) {
 			fc.lazy, fc.lazyErr = lazySite(f, t.Sites[0], fc.layout)
 		}
 	}
-	siteCache.Lock()
-	siteCache.files[id] = fc
-	siteCache.Unlock()
 	return fc, nil
 }
 

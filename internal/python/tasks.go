@@ -131,8 +131,8 @@ func lazySite(f *elf.File, copy probesite.CallSite, l TaskLayout) (probesite.Cal
 	if err != nil {
 		return probesite.CallSite{}, err
 	}
-	if len(sites) != 1 || sites[0].Call < copy.Call {
-		return probesite.CallSite{}, fmt.Errorf("%d registrations of a Task after the thread-state lookup in Task.__init__ (the copy at %#x), want 1 after the copy",
+	if len(sites) != 1 {
+		return probesite.CallSite{}, fmt.Errorf("%d registrations of a Task after the thread-state lookup in Task.__init__ (the copy at %#x), want 1",
 			len(sites), copy.Call)
 	}
 	return sites[0], nil

@@ -20,9 +20,10 @@ import (
 )
 
 // TestTaskLayoutDebian reads the running task's and a Task's context's
-// offsets from Debian sid's _asyncio (CPython 3.14), and finds its one copy
-// stored as a Task's context among its two (the other is
-// Future.add_done_callback's). 3.13 has no AsyncioDebug section.
+// offsets from Debian sid's _asyncio (CPython 3.14), and from
+// python-build-standalone's 3.14 interpreter, which has it built in, and
+// finds its one copy stored as a Task's context among its two (the other
+// is Future.add_done_callback's). 3.13 has no AsyncioDebug section.
 func TestTaskLayoutDebian(t *testing.T) {
 	t.Run("3.14", func(t *testing.T) {
 		f := testproc.OpenELF(t, sidRoot+"/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so")
@@ -55,6 +56,36 @@ func TestTaskLayoutDebian(t *testing.T) {
 			t.Fatalf("lazy Task site %+v (the copy at %#x), want a call after the copy, the Task in R15", lazy, ts.Sites[0].Call)
 		}
 	})
+	// python-build-standalone's 3.14 has _asyncio built into the
+	// executable, and clang (LTO) reads the thread state inline: the probe
+	// past eager starts goes on the jcc of register_task's
+	// `if (task_node.next == NULL)`, the Task in %rbx (mov %rdx,0x98(%rbx)).
+	t.Run("pbs3.14", func(t *testing.T) {
+		f := testproc.OpenELF(t, sidRoot+pbsPython)
+		l, err := readTaskLayout(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.TaskContext != 144 || l.RunningTask < 200 || l.RunningTask > 4096 {
+			t.Fatalf("layout %+v, want task_context 144 and a running task a few hundred bytes in", l)
+		}
+		c, err := probesite.FindCalls(f, ProbeSymbol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := taskSites(c, l)
+		if len(c.Sites) != 2 || len(ts.Sites) != 1 || len(c.Returns) != 1 {
+			t.Fatalf("%d of %d sites stored as a Task's context, %d wrappers; want 1 of 2, 1 (%+v)", len(ts.Sites), len(c.Sites), len(c.Returns), c)
+		}
+		lazy, err := lazySite(f, ts.Sites[0], l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, err := probesite.ReadVaddr(f, lazy.Probe, 2)
+		if err != nil || !lazy.Holder || lazy.Reg != x86asm.RBX || lazy.Probe != lazy.Call || len(code) < 1 || code[0] < 0x70 || code[0] > 0x7f {
+			t.Fatalf("lazy Task site %+v (bytes % x, err %v), want a jcc, the Task in RBX", lazy, code, err)
+		}
+	})
 	t.Run("3.13", func(t *testing.T) {
 		f := testproc.OpenELF(t, trixieRoot+"/usr/lib/python3.13/lib-dynload/_asyncio.cpython-313-x86_64-linux-gnu.so")
 		if _, err := readTaskLayout(f); !errors.Is(err, ErrNoTaskLayout) {
@@ -76,6 +107,17 @@ func TestKernelTaskLinks(t *testing.T) {
 	if !SiteProbesWanted() {
 		t.Skip("task-only links use call-site probes: x86-64 only (or GYMTRACE_PY_SITES=0)")
 	}
+	for _, which := range taskInterps {
+		t.Run(which, func(t *testing.T) { kernelTaskLinks(t, which) })
+	}
+}
+
+// taskInterps: Debian sid's CPython 3.14 (GCC) and python-build-standalone's
+// (clang, LTO, BOLT, _asyncio built into the executable) in the same root,
+// with the same uvloop.
+var taskInterps = []string{"sid", "pbs"}
+
+func kernelTaskLinks(t *testing.T, which string) {
 	linked := map[senderProbes]uint64{}
 	// Births seen by the call-site probes: exactly the script's Task
 	// births each mode probes (linked also counts the return probes'
@@ -88,7 +130,7 @@ func TestKernelTaskLinks(t *testing.T) {
 			attachTP(t, "sys_enter_sendto", objs.PytestSendto)
 			attachTP(t, "sys_enter_recvfrom", objs.PytestRecvEnter)
 			attachTP(t, "sys_exit_recvfrom", objs.PytestRecvExit)
-			events, in := runSender(t, "sid", objs, mode, "uvloop")
+			events, in := runSender(t, which, objs, mode, "uvloop")
 			kinds, requests := checkSends(t, events, mode)
 			t.Logf("CPython %s on uvloop, %s: %d sends checked: %v", in.Version, name, len(events), kinds)
 			for _, k := range []string{"explicit", "request", "task", "gather", "nested", "eager", "eager_later",
@@ -143,12 +185,18 @@ func TestKernelEagerSerial(t *testing.T) {
 	if !SiteProbesWanted() {
 		t.Skip("task-only links use call-site probes: x86-64 only (or GYMTRACE_PY_SITES=0)")
 	}
+	for _, which := range taskInterps {
+		t.Run(which, func(t *testing.T) { kernelEagerSerial(t, which) })
+	}
+}
+
+func kernelEagerSerial(t *testing.T, which string) {
 	objs := loadTestObjects(t)
 	attachTP(t, "sys_enter_sendto", objs.PytestSendto)
 	var hello struct {
 		PID int `json:"pid"`
 	}
-	s := startJSON(t, pyCmd(t, "sid", testdataScript(t, "eager_stale.py")), &hello)
+	s := startJSON(t, pyCmd(t, which, testdataScript(t, "eager_stale.py")), &hello)
 	in, err := InspectInterpreter(hello.PID)
 	if err != nil {
 		t.Fatal(err)

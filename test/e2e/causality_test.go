@@ -6,7 +6,8 @@ package e2e
 // --truth), gymtrace traces its three servers, and scoreCausality
 // (scorer_test.go) checks every CLIENT span's parent against the inbound
 // request whose handler really made the call, for Debian 12's CPython 3.11
-// and Debian 13's 3.13 and sid's 3.14 (chroots), uvicorn h11 and httptools,
+// and Debian 13's 3.13 and sid's 3.14 (chroots), python-build-standalone's
+// 3.14 (Gym's, through uv; a few cases, on sid's packages), uvicorn h11 and httptools,
 // asyncio's loop and uvloop, with and without every agent route behind
 // Starlette's BaseHTTPMiddleware, at concurrency 1 to 256, on stacks traced
 // from before their first connection (fresh) or attached to while running,
@@ -42,23 +43,44 @@ const stackImports = "fastapi, uvicorn, aiohttp, yaml, itsdangerous, httptools, 
 type chrootPy struct {
 	suite        string // "trixie"
 	root, python string
-	once         sync.Once
-	dir          string // test/stack inside the root, as the chroot sees it
-	err          error
+	// install, when set, is how python gets into the root (it is not
+	// Debian's own); what it installs runs Debian's packages of the root.
+	install string
+	once    sync.Once
+	dir     string // test/stack inside the root, as the chroot sees it
+	err     error
 }
 
 var (
 	trixie = &chrootPy{suite: "trixie", root: "/var/tmp/gymtrace-trixie", python: "/usr/bin/python3.13"}
 	sid    = &chrootPy{suite: "sid", root: "/var/tmp/gymtrace-sid", python: "/usr/bin/python3.14"}
+	// Gym's own interpreter: python-build-standalone, what `uv` installs
+	// (clang, LTO, BOLT, libpython inside the executable, 3.14's
+	// tail-calling interpreter), in the sid root with Debian's 3.14
+	// dist-packages on its path (test/pbspython).
+	pbs = &chrootPy{suite: "sid", root: "/var/tmp/gymtrace-sid", python: "/opt/python-build-standalone-3.14/bin/python3.14",
+		install: "as root: cd test/pbspython && go run . (scripts/setup --tests does)"}
 )
 
 // missing says why the root cannot run the stack, "" when it can.
 func (r *chrootPy) missing() string {
+	if _, err := os.Stat(filepath.Join(r.root, "usr/bin")); err != nil {
+		return fmt.Sprintf("no Debian %s root at %s (%v): run test/python/make-root.sh %s as root (scripts/setup --tests does)",
+			r.suite, r.root, err, r.suite)
+	}
 	if _, err := os.Stat(filepath.Join(r.root, r.python)); err != nil {
+		if r.install != "" {
+			return fmt.Sprintf("no %s in the Debian %s root %s (%v): install it %s", r.python, r.suite, r.root, err, r.install)
+		}
 		return fmt.Sprintf("no Debian %s root with %s at %s (%v): run test/python/make-root.sh %s as root (scripts/setup does)",
 			r.suite, filepath.Base(r.python), r.root, err, r.suite)
 	}
 	out, err := exec.Command("chroot", r.root, r.python, "-c", "import "+stackImports).CombinedOutput()
+	if err != nil && r.install != "" {
+		return fmt.Sprintf("%s in the Debian %s root %s cannot import the test stack from Debian's dist-packages (needs %s): %v: %s; "+
+			"reinstall it: rm -rf %s && %s",
+			r.python, r.suite, r.root, stackImports, err, lastLine(out), filepath.Join(r.root, filepath.Dir(filepath.Dir(r.python))), r.install)
+	}
 	if err != nil {
 		return fmt.Sprintf("the Debian %s root at %s cannot run the test stack (needs %s): %v: %s; "+
 			"rebuild it: rm -rf %s && test/python/make-root.sh %s",
@@ -109,6 +131,31 @@ type causalityInterp struct {
 	truthDir  func(t *testing.T) (host, inside string) // where the servers write truth, as the test and they see it
 	skipCheck func() string                            // why it cannot run here, "" when it can
 	root      *chrootPy                                // nil: the host's /usr/bin/python3
+	// only, when set, picks the cases run on this interpreter (by stack
+	// and case name): the rest are left out, not failed.
+	only map[string]bool
+}
+
+// testName is the interpreter's subtest name: py3.11, py3.13, py3.14, pbs3.14.
+func (py causalityInterp) testName() string {
+	if py.name != "" && py.name[0] >= '0' && py.name[0] <= '9' {
+		return "py" + py.name
+	}
+	return py.name
+}
+
+// runs says whether case c of stack sc runs on this interpreter ("" c:
+// whether any case of sc does).
+func (py causalityInterp) runs(sc causalityStack, c string) bool {
+	if py.only == nil {
+		return true
+	}
+	for k := range py.only {
+		if st, cs, _ := strings.Cut(k, "/"); st == sc.name() && (c == "" || cs == c) {
+			return true
+		}
+	}
+	return false
 }
 
 var causalityInterps = []causalityInterp{
@@ -122,6 +169,12 @@ var causalityInterps = []causalityInterp{
 	},
 	{name: "3.13", truthDir: trixie.truthDir, skipCheck: trixie.missing, root: trixie},
 	{name: "3.14", truthDir: sid.truthDir, skipCheck: sid.missing, root: sid},
+	// The same packages on python-build-standalone: only what the build can
+	// change (where the probes sit, which copies they see), on each loop.
+	{name: "pbs3.14", truthDir: pbs.truthDir, skipCheck: pbs.missing, root: pbs, only: map[string]bool{
+		"httptools_uvloop_mw-responses/per_rollout_c16_n32": true,
+		"httptools_asyncio_mw-all/per_rollout_c16_n32":      true,
+	}},
 }
 
 func copyTree(src, dst string) error {
@@ -292,7 +345,7 @@ func TestCausality(t *testing.T) {
 		}
 	})
 	for _, py := range causalityInterps {
-		t.Run("py"+py.name, func(t *testing.T) {
+		t.Run(py.testName(), func(t *testing.T) {
 			if why := py.skipCheck(); why != "" {
 				t.Skip(why)
 			}
@@ -315,8 +368,11 @@ func TestCausality(t *testing.T) {
 				}
 			}
 			for _, sc := range causalityStacks {
+				if !py.runs(sc, "") {
+					continue
+				}
 				t.Run(sc.name(), func(t *testing.T) {
-					if sc.reset && py.root != sid {
+					if sc.reset && (py.root == nil || py.root.root != sid.root) {
 						t.Skip("--reset-contextvars needs uvicorn >= 0.45: only the sid root (3.14) has it")
 					}
 					host, inside := py.truthDir(t)
@@ -334,6 +390,9 @@ func TestCausality(t *testing.T) {
 						st = startStack(t, t, args...)
 					}
 					for _, c := range sc.cases {
+						if !py.runs(sc, c.name()) {
+							continue
+						}
 						t.Run(c.name(), func(t *testing.T) {
 							if c.long && short {
 								t.Skip("concurrency 256 left out by -short / GYMTRACE_CAUSALITY_SHORT")
