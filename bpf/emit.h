@@ -114,6 +114,12 @@ static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, _
 	e->seq = c->req_seq;
 	e->start_ns = io->now;
 	e->end_ns = io->now;
+	// The responses that ended here, [0, body_len): a request below that
+	// whose response record never came had it lost, not cut off by the
+	// close (userspace must not call that an error of the server).
+	struct gt_dir *rd = c->dir[0].is_req ? &c->dir[1] : &c->dir[0];
+	e->body_len = c->resp_seq - (rd->phase != GT_PH_IDLE && c->resp_seq);
+	e->gap = c->gap;
 	e->tuple = c->tuple;
 	gt_submit(e);
 }

@@ -170,7 +170,8 @@ struct http_event {
 	__u64 start_ns; // bpf_ktime_get_ns() when the first byte crossed the syscall
 	__u64 end_ns;   // ... when the last byte did
 	__u64 groups;   // the exchange's group bits that passed the gate
-	__u64 body_len; // body size in bytes (a size, never content)
+	__u64 body_len; // body size in bytes (a size, never content); close
+			// records: the responses that ended on the connection
 	__u64 py_ctx;   // asyncio Context identity of the syscall, 0 when unknown
 	__u64 py_root;  // the request-handler Context that py_ctx works for (bpf/python.h)
 	// Client requests: the inbound request whose handler made this call, as
@@ -187,8 +188,9 @@ struct http_event {
 	// say (TLS plaintext, no socket).
 	__u32 stream_seq;
 	__u8 stream_ok;
-	// Requests: enum gt_gap bits, what the kernel lost on this connection
-	// before this record (userspace pairs nothing by a count it cannot trust).
+	// Requests and closes: enum gt_gap bits, what the kernel lost on this
+	// connection before this record (userspace pairs nothing by a count it
+	// cannot trust).
 	__u8 gap;
 	__u8 _pad_stream[2];
 	struct gt_tuple tuple;

@@ -45,7 +45,7 @@ type AssemblerStats struct {
 	DroppedConnLimit            uint64 // requests dropped because MaxConns connections were busy
 	DroppedPendingLimit         uint64 // requests dropped because MaxPending were waiting on their connection
 	Evicted                     uint64 // exchanges given up after MaxAge
-	ResponsesLost               uint64 // exchanges whose response record never came while a later one did (ErrResponseLost)
+	ResponsesLost               uint64 // exchanges whose response record never came while a later one did, or the close said it ended (ErrResponseLost)
 	OutOfOrder                  uint64 // requests whose index was not above their connection's newest (dropped)
 	OpenConns                   int
 	OpenExchanges               int
@@ -119,6 +119,7 @@ func (a *Assembler) Add(ev *loader.HTTPEvent, h Handler) {
 			if ev.Flags&loader.FlagConnError != 0 {
 				err = ErrConnReset
 			}
+			a.lostBefore(c, ev.BodyLen, h)
 			a.finishAll(ev.ConnId, c, err, closeTime(ev), h)
 		}
 	}
@@ -206,23 +207,7 @@ func (a *Assembler) response(ev *loader.HTTPEvent, h Handler) {
 	}
 	// Requests before the one this response answers will get no response
 	// record: HTTP/1.x answers in order, so theirs were lost.
-	k := 0
-	for k < len(c.q) && c.q[k].Seq < ev.Seq {
-		k++
-	}
-	if k > 0 {
-		for i, x := range c.q[:k] {
-			// When its response ended is not known (a keep-alive
-			// connection's next request can come much later): the span
-			// ends with its request, marked truncated.
-			x.Err = ErrResponseLost
-			x.RespStart, x.RespEnd = x.ReqEnd, x.ReqEnd
-			a.st.ResponsesLost++
-			a.complete(x, h)
-			c.q[i] = nil
-		}
-		c.q = c.q[k:]
-	}
+	a.lostBefore(c, ev.Seq, h)
 	if len(c.q) == 0 || c.q[0].Seq != ev.Seq {
 		a.st.OrphanResponses++ // its request's record was lost, or came before attach
 	} else {
@@ -249,6 +234,25 @@ func (a *Assembler) response(ev *loader.HTTPEvent, h Handler) {
 	if len(c.q) == 0 {
 		delete(a.conns, ev.ConnId)
 	}
+}
+
+// lostBefore ends as ErrResponseLost the queued requests below seq: a later
+// response came, or a close record says that many responses ended. Each had
+// its response, whose record was lost. When it ended is not known (a
+// keep-alive connection's next request can come much later): the span ends
+// with its request, marked truncated.
+func (a *Assembler) lostBefore(c *conn, seq uint64, h Handler) {
+	k := 0
+	for k < len(c.q) && c.q[k].Seq < seq {
+		x := c.q[k]
+		x.Err = ErrResponseLost
+		x.RespStart, x.RespEnd = x.ReqEnd, x.ReqEnd
+		a.st.ResponsesLost++
+		a.complete(x, h)
+		c.q[k] = nil
+		k++
+	}
+	c.q = c.q[k:]
 }
 
 func (a *Assembler) complete(x *Exchange, h Handler) {

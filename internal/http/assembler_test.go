@@ -284,3 +284,29 @@ func TestAssemblerLostRequestShiftsNothing(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 }
+
+// The response record of the last request before a close was lost: the close
+// record's count of ended responses says the server answered, so the request
+// is not ended as cut off by the close (ErrClosed, an error of the server)
+// but as ErrResponseLost. A request the close really cut off stays ErrClosed.
+func TestAssemblerCloseAfterLostResponse(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, 0, "/run", 10), r)
+	a.Add(respEv(1, 0, 200, 20, 0), r)
+	a.Add(reqEv(1, 1, "/run", 30), r)
+	// response 1 lost; request 2 lost
+	a.Add(reqEv(1, 3, "/run", 70), r) // cut off by the close
+	a.Add(&loader.HTTPEvent{Kind: loader.EvClose, ConnId: 1, Seq: 4, BodyLen: 3, StartNs: 90, EndNs: 90}, r)
+	if len(r.done) != 3 {
+		t.Fatalf("done %d, want 3", len(r.done))
+	}
+	if x := r.done[1]; x.Seq != 1 || x.Err != ErrResponseLost || x.RespEnd != 31 {
+		t.Errorf("answered, record lost: seq %d err=%v end=%d, want 1 ErrResponseLost 31", x.Seq, x.Err, x.RespEnd)
+	}
+	if x := r.done[2]; x.Seq != 3 || x.Err != ErrClosed || x.RespEnd != 90 {
+		t.Errorf("cut off by the close: seq %d err=%v end=%d, want 3 ErrClosed 90", x.Seq, x.Err, x.RespEnd)
+	}
+	if s := a.Stats(); s.ResponsesLost != 1 || s.OpenExchanges != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}

@@ -241,15 +241,15 @@ func (sc causalityStack) name() string {
 	return n
 }
 
-// Ring buffers small enough that the test stack at concurrency 16 loses a
-// few per cent of its records (the reader drains it every 100 ms, or when a
-// quarter full); large bodies make fewer records a second. At concurrency
-// 64 with a 16 KiB ring, 1 run in about 20 still scores a handful of calls
-// whose cause's SERVER span the scorer cannot find (a /run whose records
-// were partly lost): not yet explained, so not in the suite (issue 37).
+// Ring buffers small enough that the test stack loses a few per cent of its
+// records (the reader drains it every 100 ms, or when a quarter full): at
+// concurrency 16 and 64, and at 16 with large bodies (fewer records a
+// second). On a loaded machine the reader falls behind and far more is lost
+// (29 % once): the assertions hold at any loss.
 const (
 	lossyRing      = "8KiB"
 	lossyRingLarge = "4KiB"
+	lossyRing64    = "16KiB"
 )
 
 type causalityCase struct {
@@ -326,11 +326,13 @@ var causalityStacks = []causalityStack{
 		{groups: "per_rollout", c: 256, n: 256, contention: true, long: true},
 		{groups: "per_rollout", c: 16, n: 64, collector: []string{"--large-bodies"}, contention: true},
 		{groups: "per_rollout", c: 16, n: 64, collector: []string{"--large-bodies"}, ringbuf: lossyRingLarge},
+		{groups: "per_rollout", c: 64, n: 256, ringbuf: lossyRing64},
 	}},
 	{http: "httptools", loop: "asyncio", middleware: "responses", fresh: true, cases: []causalityCase{
 		{groups: "per_rollout", c: 64, n: 256, contention: true},
 		{groups: "per_rollout", c: 16, n: 64, collector: []string{"--large-bodies"}, contention: true},
 		{groups: "per_rollout", c: 16, n: 64, ringbuf: lossyRing},
+		{groups: "per_rollout", c: 64, n: 256, ringbuf: lossyRing64},
 	}},
 }
 
