@@ -186,6 +186,26 @@ func TestCausalityScorer(t *testing.T) {
 		}
 	})
 
+	t.Run("lost_response_record", func(t *testing.T) {
+		// The first call's response record was lost: its span ends with its
+		// request, which the kernel saw late in the call. Its start is then
+		// nearer the second call's than its own; the pairing still keeps
+		// the connection's order (a greedy pairing by cost gave the second
+		// record this span and left the second span stray).
+		w := newScorerWorld()
+		ms := uint64(time.Millisecond)
+		first := &w.spans[w.find(clientOf(51000, 0))]
+		first.Start, first.End = first.Start+25*ms, first.Start+26*ms
+		first.Attributes["gymtrace.record.lost"] = "response"
+		// and the second call's response is read well before the app
+		// records the call's end.
+		w.spans[w.find(clientOf(51000, 1))].End -= 20 * ms
+		s := scoreCausality(w.recs, w.spans, pids)
+		if s.ClientSpans != s.Outbound || s.StraySpans != 0 || s.Wrong != 0 {
+			t.Errorf("score %+v, want every call its own span, none stray, none wrong", s)
+		}
+	})
+
 	t.Run("sandbox", func(t *testing.T) {
 		w := newScorerWorld()
 		ms := int64(time.Millisecond)

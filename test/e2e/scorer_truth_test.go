@@ -113,60 +113,105 @@ type joinKey struct {
 }
 
 // matchByPorts pairs records with spans one to one. Candidates share the key
-// (process and the connection's ports); a keep-alive connection carries its
-// requests one after another, so among candidates whose intervals overlap
-// (with slack) the pairs closest in start and end win, globally greedy.
+// (process and the connection's ports). A keep-alive connection carries its
+// requests one after another, in the same order in the truth and in the
+// kernel, so on each connection the pairing keeps that order: of the
+// order-keeping pairings whose pairs overlap in time (with slack), the one
+// with the most pairs, then the least cost (distance of starts and of ends).
+// A greedy pairing by cost alone is not enough: a span whose response record
+// was lost ends with its request, so its end says nothing and a later record
+// could take it from its own.
 func matchByPorts(recs []truthRec, recKey func(truthRec) (joinKey, bool),
 	spans []Span, spanKey func(Span) (joinKey, bool)) map[int]int {
-	byKey := map[joinKey][]int{}
+	type side struct{ recs, spans []int }
+	byKey := map[joinKey]*side{}
+	at := func(k joinKey) *side {
+		if byKey[k] == nil {
+			byKey[k] = &side{}
+		}
+		return byKey[k]
+	}
 	for i, s := range spans {
 		if k, ok := spanKey(s); ok {
-			byKey[k] = append(byKey[k], i)
+			at(k).spans = append(at(k).spans, i)
 		}
 	}
-	type cand struct {
-		rec, span int
-		cost      int64
-	}
-	var cands []cand
-	for ri, r := range recs {
-		k, ok := recKey(r)
-		if !ok {
-			continue
-		}
-		for _, si := range byKey[k] {
-			s := spans[si]
-			ss, se := int64(s.Start), int64(s.End)
-			endCost := abs64(se - r.TEnd)
-			if s.Attr("gymtrace.record.lost") != "" || s.Attributes["nemo.span.truncated"] == true {
-				// Its response record was lost (the span ends with its
-				// request) or never came before shutdown (the span ends
-				// then): when the response really ended is unknown.
-				se, endCost = max(se, r.TEnd), 0
-			}
-			if ss > r.TEnd+matchSlack || r.TStart > se+matchSlack {
-				continue
-			}
-			cands = append(cands, cand{ri, si, abs64(ss-r.TStart) + endCost})
+	for i, r := range recs {
+		if k, ok := recKey(r); ok {
+			at(k).recs = append(at(k).recs, i)
 		}
 	}
-	sort.Slice(cands, func(i, j int) bool {
-		if cands[i].cost != cands[j].cost {
-			return cands[i].cost < cands[j].cost
-		}
-		if cands[i].rec != cands[j].rec {
-			return cands[i].rec < cands[j].rec
-		}
-		return cands[i].span < cands[j].span
-	})
 	out := map[int]int{}
-	used := map[int]bool{}
-	for _, c := range cands {
-		if _, done := out[c.rec]; done || used[c.span] {
+	for _, sd := range byKey {
+		if len(sd.recs) == 0 || len(sd.spans) == 0 {
 			continue
 		}
-		out[c.rec] = c.span
-		used[c.span] = true
+		sort.SliceStable(sd.recs, func(a, b int) bool { return recs[sd.recs[a]].TStart < recs[sd.recs[b]].TStart })
+		sort.SliceStable(sd.spans, func(a, b int) bool { return spans[sd.spans[a]].Start < spans[sd.spans[b]].Start })
+		for ri, si := range alignInOrder(len(sd.recs), len(sd.spans), func(i, j int) (int64, bool) {
+			return pairCost(recs[sd.recs[i]], spans[sd.spans[j]])
+		}) {
+			out[sd.recs[ri]] = sd.spans[si]
+		}
+	}
+	return out
+}
+
+// pairCost: whether record r and span s may be a pair (their times overlap,
+// with slack), and how far apart they are.
+func pairCost(r truthRec, s Span) (int64, bool) {
+	ss, se := int64(s.Start), int64(s.End)
+	endCost := abs64(se - r.TEnd)
+	if s.Attr("gymtrace.record.lost") != "" || s.Attributes["nemo.span.truncated"] == true {
+		// Its response record was lost (the span ends with its request)
+		// or never came before shutdown (the span ends then): when the
+		// response really ended is unknown.
+		se, endCost = max(se, r.TEnd), 0
+	}
+	if ss > r.TEnd+matchSlack || r.TStart > se+matchSlack {
+		return 0, false
+	}
+	return abs64(ss-r.TStart) + endCost, true
+}
+
+// alignInOrder pairs items 0..n-1 with 0..m-1 keeping both orders: the
+// most pairs, then the least total cost, among pairs cost allows. Returns
+// i -> j.
+func alignInOrder(n, m int, cost func(i, j int) (int64, bool)) map[int]int {
+	type cell struct {
+		pairs int
+		cost  int64
+	}
+	better := func(a, b cell) bool { return a.pairs > b.pairs || a.pairs == b.pairs && a.cost < b.cost }
+	// best[i][j]: the best alignment of items i.. with items j..
+	best := make([][]cell, n+1)
+	for i := range best {
+		best[i] = make([]cell, m+1)
+	}
+	for i := n - 1; i >= 0; i-- {
+		for j := m - 1; j >= 0; j-- {
+			b := best[i+1][j]
+			if c := best[i][j+1]; better(c, b) {
+				b = c
+			}
+			if c, ok := cost(i, j); ok {
+				if p := (cell{best[i+1][j+1].pairs + 1, best[i+1][j+1].cost + c}); better(p, b) {
+					b = p
+				}
+			}
+			best[i][j] = b
+		}
+	}
+	out := map[int]int{}
+	for i, j := 0, 0; i < n && j < m; {
+		if c, ok := cost(i, j); ok && best[i][j] == (cell{best[i+1][j+1].pairs + 1, best[i+1][j+1].cost + c}) {
+			out[i] = j
+			i, j = i+1, j+1
+		} else if best[i][j] == best[i+1][j] {
+			i++
+		} else {
+			j++
+		}
 	}
 	return out
 }
