@@ -2,6 +2,7 @@ package python
 
 import (
 	"bytes"
+	"debug/elf"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -26,22 +27,7 @@ import (
 // is Future.add_done_callback's). 3.13 has no AsyncioDebug section.
 func TestTaskLayoutDebian(t *testing.T) {
 	t.Run("3.14", func(t *testing.T) {
-		f := testproc.OpenELF(t, sidRoot+"/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so")
-		l, err := readTaskLayout(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// TaskObj: 12 pointers of FutureObj_HEAD, state, flags, then the
-		// task's own fields; task_context at 144 on LP64. The thread
-		// state's field sits after PyThreadState's public part.
-		if l.TaskContext != 144 || l.RunningTask < 200 || l.RunningTask > 4096 {
-			t.Fatalf("layout %+v, want task_context 144 and a running task a few hundred bytes in", l)
-		}
-		c, err := probesite.FindCalls(f, ProbeSymbol)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := taskSites(c, l)
+		f, l, c, ts := taskLayoutSites(t, sidRoot+"/usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so")
 		if len(c.Sites) != 2 || len(ts.Sites) != 1 {
 			t.Fatalf("%d of %d sites stored as a Task's context, want 1 of 2 (%+v)", len(ts.Sites), len(c.Sites), c.Sites)
 		}
@@ -61,19 +47,7 @@ func TestTaskLayoutDebian(t *testing.T) {
 	// past eager starts goes on the jcc of register_task's
 	// `if (task_node.next == NULL)`, the Task in %rbx (mov %rdx,0x98(%rbx)).
 	t.Run("pbs3.14", func(t *testing.T) {
-		f := testproc.OpenELF(t, sidRoot+pbsPython)
-		l, err := readTaskLayout(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.TaskContext != 144 || l.RunningTask < 200 || l.RunningTask > 4096 {
-			t.Fatalf("layout %+v, want task_context 144 and a running task a few hundred bytes in", l)
-		}
-		c, err := probesite.FindCalls(f, ProbeSymbol)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := taskSites(c, l)
+		f, l, c, ts := taskLayoutSites(t, sidRoot+pbsPython)
 		if len(c.Sites) != 2 || len(ts.Sites) != 1 || len(c.Returns) != 1 {
 			t.Fatalf("%d of %d sites stored as a Task's context, %d wrappers; want 1 of 2, 1 (%+v)", len(ts.Sites), len(c.Sites), len(c.Returns), c)
 		}
@@ -92,6 +66,29 @@ func TestTaskLayoutDebian(t *testing.T) {
 			t.Fatalf("got %v, want ErrNoTaskLayout", err)
 		}
 	})
+}
+
+// taskLayoutSites reads the task layout of the ELF at path (a 3.14 _asyncio,
+// or an interpreter with it built in) and its copy sites, all of them and
+// those stored as a Task's context.
+func taskLayoutSites(t *testing.T, path string) (*elf.File, TaskLayout, *probesite.Calls, *probesite.Calls) {
+	t.Helper()
+	f := testproc.OpenELF(t, path)
+	l, err := readTaskLayout(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// TaskObj: 12 pointers of FutureObj_HEAD, state, flags, then the
+	// task's own fields; task_context at 144 on LP64. The thread state's
+	// field sits after PyThreadState's public part.
+	if l.TaskContext != 144 || l.RunningTask < 200 || l.RunningTask > 4096 {
+		t.Fatalf("layout %+v, want task_context 144 and a running task a few hundred bytes in", l)
+	}
+	c, err := probesite.FindCalls(f, ProbeSymbol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, l, c, taskSites(c, l)
 }
 
 // TestKernelTaskLinks runs ctx_sender.py on Gym's runtime (sid: CPython
