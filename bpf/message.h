@@ -147,9 +147,13 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	__u64 idx = c->resp_seq++;
 	__u64 bit = 1ULL << (idx & 63);
 	if (idx >= c->req_seq || (c->skip_ring & bit) || !(c->emitted_ring & bit)) {
-		// Gated off, or its request was never seen (attached mid-exchange).
-		if (idx >= c->req_seq)
+		// Gated off, or its request was never seen: attached mid-exchange,
+		// or its start went unseen. Then this side has counted one request
+		// fewer than the peer, for good (GT_GAP_FRAMING).
+		if (idx >= c->req_seq) {
 			c->resp_seq = c->req_seq;
+			c->gap |= GT_GAP_FRAMING;
+		}
 		d->phase = GT_PH_SKIP;
 		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);
 		return -1;
