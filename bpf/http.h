@@ -89,21 +89,27 @@ static __always_inline int gt_classify(const __u8 *p, int n, __u16 *arg, __u8 *m
 
 // Case-insensitive match of a lower-case literal (letters, '-', ':') at s[at].
 // Branch-free on purpose: an early exit per byte would give the verifier a
-// path per prefix length to explore.
+// path per prefix length to explore. One masked base and constant offsets
+// (the scratch's slack holds a literal that starts below GT_SCRATCH; every
+// caller has checked that it ends inside the bytes read): a register per
+// byte offset, which the matches at one line start share, spilled the
+// header scan's frame past 100 bytes.
 #define GT_HDR_IS(s, at, lit)                                                          \
 	({                                                                             \
+		const __u8 *__p = &(s)[(at) & GT_SCRATCH_MASK];                        \
 		__u8 __diff = 0;                                                       \
 		_Pragma("unroll") for (int __j = 0; __j < (int)sizeof(lit) - 1; __j++) \
-			__diff |= ((s)[((at) + __j) & GT_SCRATCH_MASK] | 0x20) ^ (lit)[__j]; \
+			__diff |= (__p[__j] | 0x20) ^ (lit)[__j];                      \
 		__diff == 0;                                                           \
 	})
 
 // Case-sensitive variant of GT_HDR_IS, for JSON keys.
 #define GT_KEY_IS(s, at, lit)                                                          \
 	({                                                                             \
+		const __u8 *__p = &(s)[(at) & GT_SCRATCH_MASK];                        \
 		__u8 __diff = 0;                                                       \
 		_Pragma("unroll") for (int __j = 0; __j < (int)sizeof(lit) - 1; __j++) \
-			__diff |= (s)[((at) + __j) & GT_SCRATCH_MASK] ^ (lit)[__j];   \
+			__diff |= __p[__j] ^ (lit)[__j];                               \
 		__diff == 0;                                                           \
 	})
 
@@ -189,6 +195,65 @@ static __always_inline void gt_scan_begin(struct gt_scratch *sc, __u8 skip)
 	sc->scan.tp_any = 0;
 }
 
+// What gt_scan_headers' two passes share (gt_loop's ctx).
+struct gt_hdr_ctx {
+	struct gt_scratch *sc;
+	__u32 n;
+	int is_req;
+};
+
+// Pass 1 of gt_scan_headers at word w: the newlines of sc->buf[8w, 8w + 8).
+// 1: the block ended (or the line table is full).
+GT_LOOP_FN gt_nl_word(int w, struct gt_hdr_ctx *cx)
+{
+	struct gt_scratch *sc = cx->sc;
+	__u32 n = cx->n;
+	__u32 base = (w * 8) & (GT_SCRATCH - 8);
+	__u64 x = *(__u64 *)&sc->buf[base];
+	if (!GT_HAS_BYTE(x, '\n'))
+		return 0;
+	int done = 0;
+#pragma unroll
+	for (int k = 0; k < 8; k++) {
+		if (((x >> (8 * k)) & 0xff) != '\n' || base + k >= n || done)
+			continue;
+		__u32 idx = sc->scan.nl_count;
+		if (idx >= GT_MAX_LINES) {
+			done = 1;
+			continue;
+		}
+		sc->nl[idx & (GT_MAX_LINES - 1)] = base + k;
+		sc->scan.nl_count = idx + 1;
+		// "\n\n" or "\n\r\n": the blank line that ends the block.
+		__u32 prev = sc->scan.last_nl;
+		if (prev && (base + k == prev || (base + k == prev + 1 && sc->buf[prev & GT_SCRATCH_MASK] == '\r')))
+			done = 1;
+		sc->scan.last_nl = base + k + 1;
+	}
+	return done;
+}
+
+// Pass 2 of gt_scan_headers at line li (of sc->nl): the line, if it is a
+// header gymtrace reads. 1: the blank line that ends the block.
+GT_LOOP_FN gt_hdr_line(int li, struct gt_hdr_ctx *cx)
+{
+	struct gt_scratch *sc = cx->sc;
+	__u32 i = sc->nl[li & (GT_MAX_LINES - 1)];
+	__u32 ls = sc->scan.ls;
+	__u32 le = i;
+	if (le > ls && sc->buf[(le - 1) & GT_SCRATCH_MASK] == '\r')
+		le--;
+	if (le == ls && !sc->scan.skip) {
+		sc->scan.end = i + 1;
+		return 1;
+	}
+	if (!sc->scan.skip && le > ls)
+		gt_header_line(sc, ls, le, cx->is_req);
+	sc->scan.skip = 0;
+	sc->scan.ls = i + 1;
+	return 0;
+}
+
 // Scans sc->buf[0, n) for header lines until the blank line. sc->scan must be
 // set up by the caller (skip = the buffer starts inside a line that is not a
 // header). Sets sc->scan.end to the offset just past the header block, or -1.
@@ -208,53 +273,11 @@ __noinline int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
 	// Pass 1, eight bytes at a time: where are the newlines? A word without
 	// one costs a load and three ALU ops; the block ends at the first empty
 	// line, so the scan stops there.
-	int w;
-	gt_for(w, 0, (int)((n + 7) / 8))
-	{
-		__u32 base = (w * 8) & (GT_SCRATCH - 8);
-		__u64 x = *(__u64 *)&sc->buf[base];
-		if (!GT_HAS_BYTE(x, '\n'))
-			continue;
-		int done = 0;
-#pragma unroll
-		for (int k = 0; k < 8; k++) {
-			if (((x >> (8 * k)) & 0xff) != '\n' || base + k >= n || done)
-				continue;
-			__u32 idx = sc->scan.nl_count;
-			if (idx >= GT_MAX_LINES) {
-				done = 1;
-				continue;
-			}
-			sc->nl[idx & (GT_MAX_LINES - 1)] = base + k;
-			sc->scan.nl_count = idx + 1;
-			// "\n\n" or "\n\r\n": the blank line that ends the block.
-			__u32 prev = sc->scan.last_nl;
-			if (prev && (base + k == prev || (base + k == prev + 1 && sc->buf[prev & GT_SCRATCH_MASK] == '\r')))
-				done = 1;
-			sc->scan.last_nl = base + k + 1;
-		}
-		if (done)
-			break;
-	}
+	struct gt_hdr_ctx cx = {.sc = sc, .n = n, .is_req = is_req};
+	gt_loop((int)((n + 7) / 8), gt_nl_word, &cx);
 
 	// Pass 2, a line at a time: only the few headers gymtrace reads.
-	int li;
-	gt_for(li, 0, (int)sc->scan.nl_count)
-	{
-		__u32 i = sc->nl[li & (GT_MAX_LINES - 1)];
-		__u32 ls = sc->scan.ls;
-		__u32 le = i;
-		if (le > ls && sc->buf[(le - 1) & GT_SCRATCH_MASK] == '\r')
-			le--;
-		if (le == ls && !sc->scan.skip) {
-			sc->scan.end = i + 1;
-			break;
-		}
-		if (!sc->scan.skip && le > ls)
-			gt_header_line(sc, ls, le, is_req);
-		sc->scan.skip = 0;
-		sc->scan.ls = i + 1;
-	}
+	gt_loop((int)sc->scan.nl_count, gt_hdr_line, &cx);
 	return 0;
 }
 
@@ -383,6 +406,63 @@ static __always_inline void gt_json_int(const __u8 *s, __u32 at, __u32 n, __s32 
 	*out = (digits && ended) ? v : -1;
 }
 
+struct gt_rollout_ctx {
+	struct gt_scratch *sc;
+	struct http_event *ev;
+	__u32 n; // the window's bytes in sc->buf
+};
+
+// gt_scan_rollout's step at byte i of a window: a rollout key there, and
+// its value.
+GT_LOOP_FN gt_rollout_at(int i, struct gt_rollout_ctx *cx)
+{
+	struct gt_scratch *sc = cx->sc;
+	struct http_event *ev = cx->ev;
+	__u32 n = cx->n;
+	const __u8 *s = sc->buf;
+	// Keys must lie inside this read: past n the scratch holds
+	// older bytes. (Values are bounded by n where they are parsed.)
+	if (i + 5 > n || s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
+		return 0;
+	__u32 k = i + 5, v;
+	if (k + 11 <= n && GT_KEY_IS(s, k, "task_index\"")) {
+		v = gt_json_value(s, k + 11, n);
+		gt_json_int(s, v, n, &ev->rollout.task);
+	} else if (k + 14 <= n && GT_KEY_IS(s, k, "rollout_index\"")) {
+		v = gt_json_value(s, k + 14, n);
+		gt_json_int(s, v, n, &ev->rollout.rollout);
+	} else if (k + 14 <= n && GT_KEY_IS(s, k, "attempt_index\"")) {
+		v = gt_json_value(s, k + 14, n);
+		gt_json_int(s, v, n, &ev->rollout.attempt);
+	} else if (k + 11 <= n && GT_KEY_IS(s, k, "rollout_id\"")) {
+		v = gt_json_value(s, k + 11, n);
+		if (s[v & GT_SCRATCH_MASK] != '"')
+			return 0;
+		int j, closed = 0;
+		ev->rollout.id_len = 0;
+		gt_for(j, 0, GT_ROLLOUT_ID_MAX)
+		{
+			__u8 c = s[(v + 1 + j) & GT_SCRATCH_MASK];
+			if (v + 1 + j >= n || c == '\\')
+				break;
+			if (c == '"') {
+				closed = 1;
+				break;
+			}
+			ev->rollout.id[j & (GT_ROLLOUT_ID_MAX - 1)] = c;
+			ev->rollout.id_len = j + 1;
+		}
+		if (!closed) {
+			ev->rollout.id_len = 0; // cut by the read, or escaped: not found
+			return 0;
+		}
+	} else {
+		return 0;
+	}
+	ev->flags |= GT_F_ROLLOUT;
+	return 0;
+}
+
 // Scans one body buffer of a /run request for Gym's rollout keys
 // ("_ng_task_index", "_ng_rollout_index", "_ng_attempt_index",
 // "_ng_rollout_id") and keeps only their values. No other body byte is kept.
@@ -399,51 +479,8 @@ __noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 		if (got <= 0)
 			break;
 		__u32 n = got;
-		int i;
-		gt_for(i, 0, (int)n)
-		{
-			const __u8 *s = sc->buf;
-			// Keys must lie inside this read: past n the scratch holds
-			// older bytes. (Values are bounded by n where they are parsed.)
-			if (i + 5 > n || s[i & GT_SCRATCH_MASK] != '"' || !GT_KEY_IS(s, i + 1, "_ng_"))
-				continue;
-			__u32 k = i + 5, v;
-			if (k + 11 <= n && GT_KEY_IS(s, k, "task_index\"")) {
-				v = gt_json_value(s, k + 11, n);
-				gt_json_int(s, v, n, &ev->rollout.task);
-			} else if (k + 14 <= n && GT_KEY_IS(s, k, "rollout_index\"")) {
-				v = gt_json_value(s, k + 14, n);
-				gt_json_int(s, v, n, &ev->rollout.rollout);
-			} else if (k + 14 <= n && GT_KEY_IS(s, k, "attempt_index\"")) {
-				v = gt_json_value(s, k + 14, n);
-				gt_json_int(s, v, n, &ev->rollout.attempt);
-			} else if (k + 11 <= n && GT_KEY_IS(s, k, "rollout_id\"")) {
-				v = gt_json_value(s, k + 11, n);
-				if (s[v & GT_SCRATCH_MASK] != '"')
-					continue;
-				int j, closed = 0;
-				ev->rollout.id_len = 0;
-				gt_for(j, 0, GT_ROLLOUT_ID_MAX)
-				{
-					__u8 c = s[(v + 1 + j) & GT_SCRATCH_MASK];
-					if (v + 1 + j >= n || c == '\\')
-						break;
-					if (c == '"') {
-						closed = 1;
-						break;
-					}
-					ev->rollout.id[j & (GT_ROLLOUT_ID_MAX - 1)] = c;
-					ev->rollout.id_len = j + 1;
-				}
-				if (!closed) {
-					ev->rollout.id_len = 0; // cut by the read, or escaped: not found
-					continue;
-				}
-			} else {
-				continue;
-			}
-			ev->flags |= GT_F_ROLLOUT;
-		}
+		struct gt_rollout_ctx cx = {.sc = sc, .ev = ev, .n = n};
+		gt_loop((int)n, gt_rollout_at, &cx);
 	}
 	return 0;
 }

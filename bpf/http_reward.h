@@ -134,6 +134,73 @@ __noinline int gt_reward_candidate(struct gt_scratch *sc, __u32 i, __u32 n)
 	return 1;
 }
 
+struct gt_reward_ctx {
+	struct gt_scratch *sc;
+	__u32 end; // the walk stops here, where the next window takes over
+	__u32 n;   // the window's bytes in sc->buf
+};
+
+// One step of gt_scan_reward's walk, at sc->rw.pos: eight bytes, or one.
+// 1: the window's walk is over.
+GT_LOOP_FN gt_reward_step(int k, struct gt_reward_ctx *cx)
+{
+	struct gt_scratch *sc = cx->sc;
+	struct gt_reward_scan *r = &sc->rw;
+	__u32 end = cx->end, n = cx->n;
+	__u32 i = r->pos;
+	if (i >= end)
+		return 1;
+	// Eight bytes in one step where none of them can matter: inside
+	// a string, a word without '"' or '\'; before the first
+	// candidate, a word without '"' whose last byte is not
+	// whitespace (it becomes the last non-whitespace byte). Most of
+	// a body is such words; the rest is walked a byte at a time.
+	if (!(i & 7) && i + 8 <= end && !r->esc) {
+		__u64 x = *(__u64 *)&sc->buf[i & (GT_SCRATCH - 8)];
+		__u8 top = x >> 56;
+		if (r->in_str ? !GT_HAS_BYTE(x, '"') && !GT_HAS_BYTE(x, '\\')
+			      : !r->tracking && !GT_HAS_BYTE(x, '"') && !gt_json_ws(top)) {
+			if (!r->in_str)
+				r->last = top;
+			r->pos = i + 8;
+			return 0;
+		}
+	}
+	r->pos = i + 1;
+	__u8 c = sc->buf[i & GT_SCRATCH_MASK];
+	if (r->in_str) {
+		if (r->esc)
+			r->esc = 0;
+		else if (c == '\\')
+			r->esc = 1;
+		else if (c == '"')
+			r->in_str = 0, r->last = c;
+		return 0;
+	}
+	if (gt_json_ws(c))
+		return 0;
+	r->closed = 0; // a byte after the live candidate's object: it was not the body's end
+	if (c == '"') {
+		if ((r->last == ',' || r->last == '{') && sc->buf[(i + 1) & GT_SCRATCH_MASK] == 'r')
+			gt_reward_candidate(sc, i, n);
+		if (r->tracking)
+			r->in_str = 1; // a key or string value opens (the candidate's key too)
+	} else if (r->tracking) {
+		if (c == '{' || c == '[') {
+			r->depth++;
+		} else if (c == '}' || c == ']') {
+			r->depth--;
+			if (r->have && r->depth < r->low) {
+				// The live candidate's object ends here.
+				r->have = 0;
+				r->closed = c == '}';
+			}
+		}
+	}
+	r->last = c;
+	return 0;
+}
+
 // Scans the buffer [ubuf, ubuf + len) that ends a /verify response's body
 // for the top-level "reward" number. Returns GT_F_REWARD with its text in
 // sc->rw.text (for gt_emit_response, which runs next), or 0.
@@ -170,61 +237,8 @@ __noinline int gt_scan_reward(__u64 ubuf, __u32 len)
 			end = n;
 		// At most end steps, each at least one byte on (r->pos, map memory).
 		r->pos = 0;
-		int k;
-		gt_for(k, 0, (int)end)
-		{
-			__u32 i = r->pos;
-			if (i >= end)
-				break;
-			// Eight bytes in one step where none of them can matter: inside
-			// a string, a word without '"' or '\'; before the first
-			// candidate, a word without '"' whose last byte is not
-			// whitespace (it becomes the last non-whitespace byte). Most of
-			// a body is such words; the rest is walked a byte at a time.
-			if (!(i & 7) && i + 8 <= end && !r->esc) {
-				__u64 x = *(__u64 *)&sc->buf[i & (GT_SCRATCH - 8)];
-				__u8 top = x >> 56;
-				if (r->in_str ? !GT_HAS_BYTE(x, '"') && !GT_HAS_BYTE(x, '\\')
-					      : !r->tracking && !GT_HAS_BYTE(x, '"') && !gt_json_ws(top)) {
-					if (!r->in_str)
-						r->last = top;
-					r->pos = i + 8;
-					continue;
-				}
-			}
-			r->pos = i + 1;
-			__u8 c = sc->buf[i & GT_SCRATCH_MASK];
-			if (r->in_str) {
-				if (r->esc)
-					r->esc = 0;
-				else if (c == '\\')
-					r->esc = 1;
-				else if (c == '"')
-					r->in_str = 0, r->last = c;
-				continue;
-			}
-			if (gt_json_ws(c))
-				continue;
-			r->closed = 0; // a byte after the live candidate's object: it was not the body's end
-			if (c == '"') {
-				if ((r->last == ',' || r->last == '{') && sc->buf[(i + 1) & GT_SCRATCH_MASK] == 'r')
-					gt_reward_candidate(sc, i, n);
-				if (r->tracking)
-					r->in_str = 1; // a key or string value opens (the candidate's key too)
-			} else if (r->tracking) {
-				if (c == '{' || c == '[') {
-					r->depth++;
-				} else if (c == '}' || c == ']') {
-					r->depth--;
-					if (r->have && r->depth < r->low) {
-						// The live candidate's object ends here.
-						r->have = 0;
-						r->closed = c == '}';
-					}
-				}
-			}
-			r->last = c;
-		}
+		struct gt_reward_ctx cx = {.sc = sc, .end = end, .n = n};
+		gt_loop((int)end, gt_reward_step, &cx);
 	}
 	return (r->closed && r->count == 1 && r->valid) ? GT_F_REWARD : 0;
 }

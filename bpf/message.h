@@ -293,7 +293,7 @@ __noinline int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __
 		sc->pre_id = id;
 		sc->pre_ubuf = ubuf;
 		sc->pre_n = pn;
-	} else if (bpf_probe_read_user(&sc->peek[pl & 15], got, (void *)ubuf)) {
+	} else if (gt_mask(got, 31), bpf_probe_read_user(&sc->peek[pl & 15], got, (void *)ubuf)) {
 		return -1;
 	}
 	__u32 n = pl + got;

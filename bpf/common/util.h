@@ -11,6 +11,12 @@
 #define S_IFMT 00170000
 #define S_IFSOCK 0140000
 
+// x &= mask where the verifier sees it: the compiler drops a mask (or a
+// bounds check) it proves redundant, as for x = min(a, b) with b bounded,
+// and verifiers before 6.8 learn nothing from comparing two unknown
+// registers, only from a constant.
+#define gt_mask(x, mask) ({ asm volatile("%0 &= " #mask : "+r"(x)); })
+
 __u64 gt_next_conn_id;
 
 // Profiling switches for cost experiments (internal/loader's cost test);

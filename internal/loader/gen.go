@@ -2,4 +2,9 @@ package loader
 
 // The contract types in bpf/common/contract.h are emitted because bpf/gymtrace.c
 // declares a variable of each; bpf2go then generates their Go twins.
+//
+// Two objects from the one source (variant.go picks one at load): bpf, with
+// open-coded iterators (Linux 6.4+), and bpfbounded, with plain bounded loops
+// for kernels without the iterator kfuncs (-DGT_BOUNDED_LOOPS, bpf/common/iter.h).
 //go:generate go tool bpf2go -tags linux -target amd64,arm64 bpf ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror
+//go:generate go tool bpf2go -tags linux -target amd64,arm64 -no-global-types bpfbounded ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror -DGT_BOUNDED_LOOPS
