@@ -21,6 +21,11 @@ func startInjector(kern *loader.Tracer, cfg *config.Config, log *slog.Logger, st
 		state.set(false, "flag")
 		return nil
 	}
+	if why := kern.InjectUnavailable(); why != "" {
+		log.Warn("traceparent injection is off: " + why + "; traces will not join across nodes (run with --inject=false to silence this)")
+		state.set(false, "kernel_unsupported")
+		return nil
+	}
 	// A tracer must not change what the traced program sees: on a kernel
 	// where sockets in a sockhash misreport their state, no socket goes in
 	// one unless the user said so.

@@ -44,6 +44,9 @@ type Tracer struct {
 	mu  sync.Mutex
 	cfg Config
 
+	variant     Variant       // the build of bpf/gymtrace.c this kernel got
+	unsupported []Unsupported // programs loaded as no-ops: this kernel cannot run them
+
 	profTime bool // GYMTRACE_PROF_TIME=1: the programs time their sections (ProfTable)
 
 	// The kernel's forced ring-buffer wakeups, through Go's netpoller (see Read).
@@ -88,9 +91,18 @@ func Load(opts Options) (*Tracer, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("removing the memlock limit (needs CAP_SYS_RESOURCE on kernels before 5.11): %w", err)
 	}
-	spec, err := loadBpf()
+	variant, why, err := PickVariant()
 	if err != nil {
-		return nil, fmt.Errorf("reading the embedded BPF objects: %w", err)
+		return nil, err
+	}
+	spec, err := variant.Spec()
+	if err != nil {
+		return nil, err
+	}
+	log.Debug("BPF objects", "variant", variant.Name, "why", why)
+	unsupported := stubUnsupported(spec)
+	for _, u := range unsupported {
+		log.Debug("BPF program left out: this kernel lacks what it needs", "program", u.Program, "needs", u.Needs, "off", u.Feature)
 	}
 	if opts.RingbufBytes > 0 {
 		n := opts.RingbufBytes
@@ -126,13 +138,13 @@ func Load(opts Options) (*Tracer, error) {
 	// The uprobe programs (Python, uvloop, TLS) as uprobe_multi programs
 	// where the kernel has them: a process's probes come off together.
 	probesite.PrepareMulti(spec)
-	t := &Tracer{log: log, profTime: profTime}
+	t := &Tracer{log: log, profTime: profTime, variant: variant, unsupported: unsupported}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("loading BPF objects: the kernel's verifier refused them:\n%+v", ve)
+			return nil, fmt.Errorf("loading BPF objects (%s build): the kernel's verifier refused them (`gymtrace check` says which program, and why):\n%+v", variant.Name, ve)
 		}
-		return nil, fmt.Errorf("loading BPF objects: %w", err)
+		return nil, fmt.Errorf("loading BPF objects (%s build): %w", variant.Name, err)
 	}
 	for _, tp := range t.tracepoints() {
 		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
@@ -599,6 +611,20 @@ type InjectObjects struct {
 	SockOps, SkMsg                                     *ebpf.Program
 	EnterWrite, EnterSendto, EnterWritev, EnterSendmsg *ebpf.Program
 	Config, TraceCtxs, Socks, Stats, Procs             *ebpf.Map
+}
+
+// Variant is the build of the BPF programs this kernel got (PickVariant).
+func (t *Tracer) Variant() Variant { return t.variant }
+
+// InjectUnavailable says why this kernel cannot run traceparent injection's
+// programs, or "" when it can.
+func (t *Tracer) InjectUnavailable() string {
+	for _, u := range t.unsupported {
+		if u.Feature == "traceparent injection" {
+			return "this kernel lacks " + u.Needs
+		}
+	}
+	return ""
 }
 
 // InjectObjects returns the injection programs and maps.

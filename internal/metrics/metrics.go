@@ -291,7 +291,7 @@ var (
 		"Processes being traced.", nil, nil)
 	descInject = prometheus.NewDesc("gymtrace_inject_enabled",
 		"1 when traceparent injection is on. reason: why it is off (flag, fionread: the kernel misreports FIONREAD for sockets in a sockhash, "+
-			"selftest_failed, no_cgroup_v2, attach_failed), or forced_<reason> when --inject-force overrode the self-test.", []string{"reason"}, nil)
+			"selftest_failed, no_cgroup_v2, kernel_unsupported, attach_failed), or forced_<reason> when --inject-force overrode the self-test.", []string{"reason"}, nil)
 	descGymProcs = prometheus.NewDesc("gymtrace_gym_metrics_processes",
 		"Processes Gym's metrics are kept for (one resource each).", nil, nil)
 	descGymCapped = prometheus.NewDesc("gymtrace_gym_metric_series_capped_total",
