@@ -18,7 +18,7 @@ import (
 // of the command itself (its output could not be written).
 func runCheck(ctx context.Context, cfg *config.Config, out io.Writer) (ok bool, err error) {
 	_ = cfg // every check is about the machine; nothing in the config relaxes one
-	rep := preflight.Run(ctx, preflight.Options{InjectSelfTest: func() (bool, string, error) {
+	rep := preflight.Run(ctx, preflight.Options{LoadPrograms: true, InjectSelfTest: func() (bool, string, error) {
 		r, err := inject.SelfTest()
 		return r.Safe(), r.String(), err
 	}})

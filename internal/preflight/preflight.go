@@ -22,6 +22,9 @@ type Options struct {
 	// (inject.SelfTest): safe is false where injection would change what
 	// the traced programs see, and detail says what.
 	InjectSelfTest func() (safe bool, detail string, err error)
+	// LoadPrograms loads gymtrace's own BPF programs through the verifier
+	// (`gymtrace check`; the tracer's own load says as much when it fails).
+	LoadPrograms bool
 }
 
 // Required runs the checks the tracer needs, mounting what it can, and returns
@@ -63,7 +66,7 @@ func Run(ctx context.Context, o Options) Report {
 	c.caps, c.capsErr = effectiveCaps(o.StatusPath)
 	steps := []func(){
 		c.kernel, c.btf, c.capabilities, c.tracefs_, c.bpffs, c.lockdown, c.cgroup2,
-		c.progTypes, c.maps, c.tracepointAttach, c.uprobeAttach, c.sockOpsAttach, c.injectSelfTest,
+		c.progTypes, c.maps, c.tracepointAttach, c.uprobeAttach, c.sockOpsAttach, c.injectSelfTest, c.programs,
 	}
 	for _, step := range steps {
 		if ctx.Err() != nil {

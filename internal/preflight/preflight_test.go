@@ -68,6 +68,28 @@ func TestRunHere(t *testing.T) {
 	}
 }
 
+// LoadPrograms loads gymtrace's own programs, the build this kernel gets,
+// and says so in one row; forced to a build that does not exist, the row
+// says what to do.
+func TestProgramsRow(t *testing.T) {
+	requireRoot(t)
+	r := Run(context.Background(), Options{LoadPrograms: true})
+	var x Result
+	for _, y := range r {
+		if strings.HasPrefix(y.Feature, "BPF programs (") {
+			x = y
+		}
+	}
+	if x.Status != StatusOK || !strings.Contains(x.Detail, "programs loaded and verified") {
+		t.Fatalf("programs row = %+v", x)
+	}
+	t.Setenv("GYMTRACE_BPF_VARIANT", "nonesuch")
+	x = row(t, Run(context.Background(), Options{LoadPrograms: true}), "BPF programs")
+	if !x.Blocking() || !strings.Contains(x.Fix, "GYMTRACE_BPF_VARIANT") {
+		t.Fatalf("programs row with a build that does not exist = %+v", x)
+	}
+}
+
 func TestCapabilitiesFromStatus(t *testing.T) {
 	dir := t.TempDir()
 	status := filepath.Join(dir, "status")
@@ -250,7 +272,7 @@ func TestCheckCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gymtrace check as root: %v\n%s", err, out)
 	}
-	for _, want := range []string{"BTF", "tracefs", "lockdown", "CAP_BPF", "map: ringbuf", "attach: uprobe", "gymtrace can run here"} {
+	for _, want := range []string{"BTF", "tracefs", "lockdown", "CAP_BPF", "map: ringbuf", "attach: uprobe", "BPF programs (", "gymtrace can run here"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}

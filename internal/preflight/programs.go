@@ -1,0 +1,58 @@
+//go:build linux
+
+package preflight
+
+import (
+	"fmt"
+
+	"github.com/gymtrace/gymtrace/internal/loader"
+)
+
+// programs loads gymtrace's own BPF programs, the build this kernel gets,
+// every one of them through the verifier, none attached: the probes above
+// say the kernel has the parts, this says the verifier accepts the whole.
+// A refused program is a row of its own: which, why and what to do.
+func (c *checker) programs() {
+	if !c.o.LoadPrograms {
+		return
+	}
+	v, why, err := loader.PickVariant()
+	if err != nil {
+		c.add(Result{Feature: "BPF programs", Status: StatusMissing, Need: NeedRequired, Detail: err.Error(),
+			Fix: "unset GYMTRACE_BPF_VARIANT, or set it to iter or bounded"})
+		return
+	}
+	feature := "BPF programs (" + v.Name + " build)"
+	rep, err := loader.Verify(loader.VerifyOptions{Variant: &v})
+	if err != nil {
+		r := Result{Feature: feature, Status: StatusMissing, Need: NeedRequired, Detail: err.Error(),
+			Fix: "the programs could not be loaded at all; see the rows above"}
+		if f := c.bpfFix(); f != "" {
+			r.Fix = f
+		}
+		c.add(r)
+		return
+	}
+	failed := rep.Failed()
+	r := Result{Feature: feature, Need: NeedRequired}
+	if len(failed) == 0 {
+		n, np := rep.MaxVerified()
+		s, sp := rep.MaxStack()
+		r.Status = StatusOK
+		r.Detail = fmt.Sprintf("%d programs loaded and verified (%s): at most %d instructions verified (%s, %.0f%% of the verifier's %d), at most %d bytes of stack (%s)",
+			len(rep.Programs), why, n, np, 100*float64(n)/loader.VerifiedLimit, loader.VerifiedLimit, s, sp)
+	} else {
+		r.Status = StatusMissing
+		r.Detail = fmt.Sprintf("the verifier refused %d of %d programs (%s); the rows below say which and why", len(failed), len(rep.Programs), why)
+		r.Fix = "gymtrace cannot run on this kernel until they load"
+	}
+	c.add(r)
+	for _, p := range failed {
+		c.add(Result{Feature: "program " + p.Name, Status: StatusMissing, Need: NeedRequired, Detail: p.Refusal(), Fix: p.Fix()})
+	}
+	for _, u := range rep.Unsupported {
+		c.add(Result{Feature: "program " + u.Program, Status: StatusMissing, Need: NeedOptional,
+			Detail: "this kernel lacks " + u.Needs + ": " + u.Feature + " is off (the program is left out)",
+			Fix:    "a newer kernel has it"})
+	}
+}
