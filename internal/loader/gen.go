@@ -5,6 +5,7 @@ package loader
 //
 // Two objects from the one source (variant.go picks one at load): bpf, with
 // open-coded iterators (Linux 6.4+), and bpfbounded, with plain bounded loops
-// for kernels without the iterator kfuncs (-DGT_BOUNDED_LOOPS, bpf/common/iter.h).
+// for kernels without the iterator kfuncs (-DGT_BOUNDED_LOOPS,
+// bpf/common/iter.h) and no section timers (-DGT_NO_PROF_TIME, bpf/common/util.h).
 //go:generate go tool bpf2go -tags linux -target amd64,arm64 bpf ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror
-//go:generate go tool bpf2go -tags linux -target amd64,arm64 -no-global-types bpfbounded ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror -DGT_BOUNDED_LOOPS
+//go:generate go tool bpf2go -tags linux -target amd64,arm64 -no-global-types bpfbounded ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror -DGT_BOUNDED_LOOPS -DGT_NO_PROF_TIME

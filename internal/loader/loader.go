@@ -129,6 +129,10 @@ func Load(opts Options) (*Tracer, error) {
 		}
 	}
 	profTime := os.Getenv("GYMTRACE_PROF_TIME") == "1"
+	if profTime && variant.Name == variantBounded.Name {
+		log.Warn("GYMTRACE_PROF_TIME: the bounded-loop build of the BPF programs has no section timers (their stack slots do not fit 6.1's verifier); no timings")
+		profTime = false
+	}
 	if profTime {
 		// Cost experiments only: time the parser's sections (ProfTable).
 		if err := spec.Variables["gt_prof_time"].Set(uint32(1)); err != nil {
