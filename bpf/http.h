@@ -289,8 +289,9 @@ static __always_inline void gt_copy_path(const __u8 *s, __u32 at, __u32 n, struc
 	ev->path_len = 0;
 	gt_for(j, 0, GT_PATH_MAX)
 	{
-		__u32 k = at + j;
-		__u8 c = s[k & GT_SCRATCH_MASK];
+		__u32 k = at + j, m = k;
+		gt_mask(m, GT_SCRATCH_MASK); // clang drops the mask after k < n; 6.1 then loses the bound
+		__u8 c = s[m];
 		if (k >= n || c == ' ' || c == '?' || c == '#' || c == '\r' || c == '\n')
 			break;
 		ev->path[j & (GT_PATH_MAX - 1)] = c;

@@ -15,7 +15,7 @@
 // bounds check) it proves redundant, as for x = min(a, b) with b bounded,
 // and verifiers before 6.8 learn nothing from comparing two unknown
 // registers, only from a constant.
-#define gt_mask(x, mask) ({ asm volatile("%0 &= " #mask : "+r"(x)); })
+#define gt_mask(x, mask) ({ asm volatile("%0 &= %1" : "+r"(x) : "i"(mask)); })
 
 __u64 gt_next_conn_id;
 
