@@ -327,11 +327,13 @@ func explainRefusal(err error) (why, fix string) {
 	case strings.Contains(msg, "bad CO-RE relocation") || strings.Contains(msg, "CO-RE"):
 		return "a kernel structure gymtrace reads is not laid out as the program expects (CO-RE: " + msg + ")",
 			"check that /sys/kernel/btf/vmlinux belongs to the running kernel" + report
-	case errors.Is(err, os.ErrPermission):
+	case last != "":
+		// The verifier's EACCES (its "permission denied") is a refusal
+		// like any other: its log says why.
+		return "the verifier refused it: " + last, "this is a gymtrace bug on this kernel; " + other + report
+	case errors.Is(err, unix.EPERM):
 		return "the kernel did not allow the load (" + msg + ")",
 			"run as root, or with CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (see the capability rows)"
-	case last != "":
-		return "the verifier refused it: " + last, "this is a gymtrace bug on this kernel; " + other + report
 	}
 	return msg, other + report
 }

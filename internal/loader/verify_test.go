@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // The words `gymtrace check` prints for a refused program, from the
@@ -35,6 +36,9 @@ func TestExplainRefusal(t *testing.T) {
 		{"helper",
 			&ebpf.VerifierError{Cause: errors.New("invalid argument"), Log: append([]string{"0: (85) call bpf_get_current_pid_tgid#14", "unknown func bpf_get_current_pid_tgid#14"}, stats...)},
 			"helper bpf_get_current_pid_tgid (#14)", "newer kernel"},
+		{"no privilege",
+			fmt.Errorf("load program: %w", unix.EPERM),
+			"did not allow the load", "CAP_BPF"},
 		{"anything else",
 			&ebpf.VerifierError{Cause: errors.New("permission denied"), Log: append([]string{"128: (85) call bpf_probe_read_user#112", "R2 unbounded memory access, use 'var &= const' or 'if (var < const)'"}, stats...)},
 			"R2 unbounded memory access", "gymtrace bug"},
