@@ -306,15 +306,20 @@ func report(args []string, stdout, stderr io.Writer) int {
 	type key struct{ kernel, variant string }
 	var heads []key
 	cells := map[key]map[string]Program{}
+	leftOut := map[key]map[string]bool{}
 	names := map[string]bool{}
 	for _, c := range runs {
 		for _, v := range c.run.Variants {
 			k := key{c.run.Kernel, v.Name}
 			heads = append(heads, k)
 			cells[k] = map[string]Program{}
+			leftOut[k] = map[string]bool{}
 			for _, p := range v.Programs {
 				cells[k][p.Name] = p
 				names[p.Name] = true
+			}
+			for _, u := range v.Unsupported {
+				leftOut[k][strings.SplitN(u, ":", 2)[0]] = true
 			}
 		}
 	}
@@ -339,6 +344,8 @@ func report(args []string, stdout, stderr io.Writer) int {
 			switch {
 			case !ok:
 				fmt.Fprint(w, " |")
+			case leftOut[h][n]:
+				fmt.Fprint(w, " left out |")
 			case p.Error != "":
 				fmt.Fprint(w, " refused |")
 			default:
