@@ -116,9 +116,11 @@ static __always_inline void gt_emit_close(struct gt_conn *c, struct gt_io *io, _
 	e->end_ns = io->now;
 	// The responses that ended here, [0, body_len): a request below that
 	// whose response record never came had it lost, not cut off by the
-	// close (userspace must not call that an error of the server).
+	// close (userspace must not call that an error of the server). One
+	// mid-message is cut off, unless the responses were given up at a gap
+	// (gt_pos_check): those are lost.
 	struct gt_dir *rd = c->dir[0].is_req ? &c->dir[1] : &c->dir[0];
-	e->body_len = c->resp_seq - (rd->phase != GT_PH_IDLE && c->resp_seq);
+	e->body_len = c->resp_seq - (rd->phase != GT_PH_IDLE && !c->resp_given_up && c->resp_seq);
 	e->gap = c->gap;
 	e->tuple = c->tuple;
 	gt_submit(e);

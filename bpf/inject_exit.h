@@ -56,6 +56,20 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 	return have_py;
 }
 
+// The bytes the sk_msg program inserted into the write that io is the
+// sys_exit of (0 when none): the stream moved that many more than the syscall
+// returned (gt_pos_check).
+__noinline int gt_inject_pushed(struct gt_io *io)
+{
+	if (!io || !gt_inject_wanted())
+		return 0;
+	__u32 tid = io->tid;
+	struct gt_inject_rec *r = bpf_map_lookup_elem(&gt_inject_recs, &tid);
+	if (!r || r->tgid != io->tgid || r->fd != io->fd || r->state != GT_INJ_PUSHED)
+		return 0;
+	return GT_INJ_LINE;
+}
+
 static __always_inline int gt_inject_proc(__u32 tgid)
 {
 	return gt_inject_wanted() && bpf_map_lookup_elem(&gt_inject_procs, &tgid);

@@ -33,6 +33,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 {
 	__u64 idx = c->req_seq++;
 	__u64 bit = 1ULL << (idx & 63);
+	c->resp_given_up = 0;
 	c->skip_ring &= ~bit;
 	c->emitted_ring &= ~bit;
 	c->reward_ring &= ~bit;
@@ -152,7 +153,10 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 		// fewer than the peer, for good (GT_GAP_FRAMING).
 		if (idx >= c->req_seq) {
 			c->resp_seq = c->req_seq;
-			c->gap |= GT_GAP_FRAMING;
+			// Unless it answers a request whose response was given up
+			// at a gap in this direction (gt_pos_check).
+			if (!c->resp_given_up)
+				c->gap |= GT_GAP_FRAMING;
 		}
 		d->phase = GT_PH_SKIP;
 		gt_stat_add(GT_STAT_SKIPPED_BYTES, avail);

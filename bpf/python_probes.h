@@ -21,6 +21,7 @@
 #pragma once
 
 #include "python.h"
+#include "common/preempt.h"
 
 // The registers a probe reads; CO-RE drops the ___gtpy suffix and relocates
 // against the running kernel's struct pt_regs.
@@ -67,10 +68,15 @@ static __always_inline __u64 gt_py_site_reg(void *ctx)
 
 static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task);
 
+// Each uprobe program runs whole on its CPU (common/preempt.h).
 SEC("uretprobe/PyContext_CopyCurrent")
 int gt_py_copy_ret(void *ctx)
 {
-	return gt_py_link_new(gt_py_retval(ctx) & GT_PY_ADDR_MASK, 0, 0);
+	gt_own_stack(ctx);
+	gt_preempt_off();
+	gt_py_link_new(gt_py_retval(ctx) & GT_PY_ADDR_MASK, 0, 0);
+	gt_preempt_on();
+	return 0;
 }
 
 // Why an entry probe after the call: a return probe costs a trap at the
@@ -87,10 +93,13 @@ int gt_py_copy_ret(void *ctx)
 SEC("uprobe/PyContext_CopyCurrent_site")
 int gt_py_copy_site(void *ctx)
 {
+	gt_own_stack(ctx);
 	__u64 v = gt_py_site_reg(ctx) & GT_PY_ADDR_MASK;
-	if (bpf_get_attach_cookie(ctx) & GT_PY_SITE_TASK)
-		return gt_py_link_new(0, 1, v);
-	return gt_py_link_new(v, 1, 0);
+	int task = (bpf_get_attach_cookie(ctx) & GT_PY_SITE_TASK) != 0;
+	gt_preempt_off();
+	gt_py_link_new(task ? 0 : v, 1, task ? v : 0);
+	gt_preempt_on();
+	return 0;
 }
 
 // gt_py_link_new records the birth of child, a context the current one was

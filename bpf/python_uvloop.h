@@ -21,6 +21,7 @@
 #pragma once
 
 #include "python.h"
+#include "common/preempt.h"
 
 #define GT_UV_CONV_O 1
 #define GT_UV_CONV_FASTCALL 2
@@ -77,14 +78,26 @@ static __always_inline __u64 gt_uv_data(const struct gt_py_params *p, __u64 obj)
 	return 0;
 }
 
+static __always_inline void gt_py_uv_write_run(void *ctx);
+
+// Runs whole on its CPU (common/preempt.h).
 SEC("uprobe/uvloop_write")
 int gt_py_uv_write(void *ctx)
+{
+	gt_own_stack(ctx);
+	gt_preempt_off();
+	gt_py_uv_write_run(ctx);
+	gt_preempt_on();
+	return 0;
+}
+
+static __always_inline void gt_py_uv_write_run(void *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
 	if (!p)
-		return 0;
+		return;
 	__u64 t0 = gt_prof_begin();
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u64 a1, a2, obj = 0;
@@ -115,11 +128,11 @@ int gt_py_uv_write(void *ctx)
 	__u64 addr = gt_uv_data(p, obj);
 	if (!addr) {
 		gt_py_stat(GT_PY_UV_SKIPPED);
-		return 0;
+		return;
 	}
 	__u64 ts = gt_py_tstate(p, tgid, tid);
 	if (!ts)
-		return 0;
+		return;
 	__u64 c = gt_py_read_u64(ts + p->tstate_context) & GT_PY_ADDR_MASK;
 	struct gt_py_link *l;
 	struct gt_py_wbuf w = {.ns = bpf_ktime_get_ns()};
@@ -129,5 +142,4 @@ int gt_py_uv_write(void *ctx)
 	bpf_map_update_elem(&gt_py_wbufs, &k, &w, BPF_ANY);
 	gt_py_stat(GT_PY_UV_WRITES);
 	gt_prof_end(GT_PROF_PY_UVWRITE, t0);
-	return 0;
 }

@@ -27,6 +27,7 @@ __noinline int gt_inject_root(struct gt_conn *c);
 #define GT_PAIR_DEL 1
 #define GT_PAIR_LOOKUP 2
 __noinline int gt_inject_pair(struct gt_conn *c, int op);
+__noinline int gt_inject_pushed(struct gt_io *io);
 static __always_inline int gt_inject_proc(__u32 tgid);
 #endif
 
@@ -151,6 +152,87 @@ __noinline int gt_on_io_end(struct gt_io *io, long ret)
 	return 0;
 }
 
+// Whether the parser saw every byte of the connection since the last syscall
+// it followed on it: for each direction, the TCP stream position where the
+// parser's view of it should stand now (write_seq or copied_seq read at this
+// sys_exit, less what this syscall moved when it is this one's direction)
+// against where it stood after the last one. Bytes move unseen when the kernel
+// skips a program (a kernel that preempts can hold bpf_prog_active while
+// another task runs: docs/architecture.md) or through a syscall gymtrace does
+// not hook (sendfile, splice). The parser must not read on as if they were
+// not there: counting the next response start as the one that went unseen
+// gives each later request on the connection its neighbour's response, and a
+// neighbour's span and parent.
+// - Inside a Content-Length body that still has more than that many bytes to
+//   come, the gap was body: skipped exactly, nothing lost (a body that ended
+//   in the gap ended unseen, at a time not known: the general rule).
+// - Otherwise that direction's parse state starts over at its next message
+//   start. In the request direction the count of requests may now differ
+//   from the peer's (GT_GAP_FRAMING: userspace pairs by stream position
+//   only). In the response direction every request seen so far has its
+//   response given up (resp_seq = req_seq): how many responses began in the
+//   gap is unknown, so none is paired by count; userspace ends those requests
+//   as lost (truncated, never an error of the server) when a later response
+//   or the close comes (internal/http lostBefore).
+// Both directions are checked at every syscall so that a gap is found before
+// the next message in either direction is counted: a server that wrote an
+// answer unseen is caught at the read of the next request, so only the
+// unseen answer's request is given up and the next answer keeps its index.
+// TLS plaintext has no stream position; those connections are not checked.
+static __always_inline void gt_pos_dir(struct gt_conn *c, struct gt_io *io, int dir)
+{
+	__u8 bit = 1 << dir;
+	struct gt_dir *d = &c->dir[dir & 1];
+	__u32 now = gt_stream_seq((struct sock *)c->sk, dir);
+	__u32 at = now;
+	if (dir == io->dir) {
+		at -= io->ret;
+#ifdef GT_INJECT
+		// A traceparent line the sk_msg program put into this write is
+		// in the stream but not in what the syscall returned.
+		if (dir == 1 && c->side == GT_SIDE_CLIENT)
+			at -= gt_inject_pushed(io);
+#endif
+	}
+	__u32 gap = at - d->next_pos;
+	// The peer's FIN counts one in copied_seq, taken by the read that
+	// returns its last data or by one that returns 0 (which is not followed).
+	if (dir == 0 && gap == 1 && gt_fin_received((struct sock *)c->sk))
+		gap = 0;
+	int known = (c->pos_ok & bit) != 0;
+	d->next_pos = now;
+	c->pos_ok |= bit;
+	if (!known || !gap)
+		return;
+	gt_stat_add(GT_STAT_STREAM_GAP, 1);
+	if (d->phase == GT_PH_BODY_CL && gap < d->remaining) {
+		d->remaining -= gap;
+		d->body_len += gap;
+		gt_stat_add(GT_STAT_STREAM_GAP_BODY, 1);
+		return;
+	}
+	if (c->partial_dir == dir)
+		c->partial_len = 0;
+	if (c->carry_dir == dir)
+		c->carry_len = 0;
+	d->phase = GT_PH_SKIP;
+	if (d->is_req) {
+		gt_framing_lost(c, d);
+	} else if (c->side != GT_SIDE_UNKNOWN) {
+		c->resp_seq = c->req_seq;
+		c->resp_given_up = 1;
+	}
+}
+
+__noinline int gt_pos_check(struct gt_conn *c, struct gt_io *io)
+{
+	if (!c || !io || !c->sk || c->tls)
+		return 0;
+	gt_pos_dir(c, io, 0);
+	gt_pos_dir(c, io, 1);
+	return 0;
+}
+
 static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kind)
 {
 	__u32 tgid = id >> 32;
@@ -203,6 +285,7 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 		return 0;
 
 	io->ret = (__u32)ret;
+	gt_pos_check(c, io);
 	if (kind == GT_IO_PLAIN) {
 		t0 = gt_prof_begin();
 		gt_process(c, io, a1, (__u32)ret);

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "syscalls.h"
+#include "common/preempt.h"
 
 // Attach cookie bits (internal/tls: Flavor, cookieWrite).
 #define GT_TLS_FLAVOR_EX 1  // int f(SSL*, buf, size_t num, size_t *done): 1 and *done on success
@@ -139,6 +140,7 @@ static __always_inline void gt_tls_want_link(struct gt_io *io, struct gt_conn *c
 SEC("uprobe")
 int gt_tls_rw_entry(struct pt_regs___gttls *ctx)
 {
+	gt_own_stack(ctx);
 	__u64 id = bpf_get_current_pid_tgid();
 	struct gt_io io = {};
 	if (!gt_tls_target(id) || !gt_tls_gate(&io, id))
@@ -173,56 +175,77 @@ struct {
 	__type(value, struct gt_tls_ret_scratch);
 } gt_tls_io SEC(".maps");
 
+static __always_inline void gt_tls_rw_ret_run(struct pt_regs___gttls *ctx);
+
+// 1 where the verifier lets a program call global functions (the parser's
+// steps) with preemption off; internal/loader asks the kernel first
+// (bpf/probe_pin.c) and clears it where not. Then a kernel that preempts
+// gets no TLS probes at all (loader.Preemption.TLSUnsafe).
+volatile const __u32 gt_tls_pin = 1;
+
+// Runs whole on its CPU where it can: the scratch above and gt_process's are
+// per CPU (common/preempt.h).
 SEC("uretprobe")
 int gt_tls_rw_ret(struct pt_regs___gttls *ctx)
+{
+	gt_own_stack(ctx);
+	if (gt_tls_pin)
+		gt_preempt_off();
+	gt_tls_rw_ret_run(ctx);
+	if (gt_tls_pin)
+		gt_preempt_on();
+	return 0;
+}
+
+static __always_inline void gt_tls_rw_ret_run(struct pt_regs___gttls *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
 	if (!gt_tls_target(id))
-		return 0;
+		return;
 	struct gt_tls_call *cp = bpf_map_lookup_elem(&gt_tls_calls, &tid);
 	if (!cp)
-		return 0;
+		return;
 	__u32 zero = 0;
 	struct gt_tls_ret_scratch *scr = bpf_map_lookup_elem(&gt_tls_io, &zero);
 	if (!scr)
-		return 0;
+		return;
 	scr->call = *cp;
 	struct gt_tls_call *call = &scr->call;
 	bpf_map_delete_elem(&gt_tls_calls, &tid);
 	int ret = (int)GT_TLS_RET(ctx);
 	__u64 n = 0;
 	if (ret <= 0)
-		return 0; // WANT_READ/WANT_WRITE (retried later), or an error
+		return; // WANT_READ/WANT_WRITE (retried later), or an error
 	if (call->cookie & GT_TLS_FLAVOR_EX) {
 		if (bpf_probe_read_user(&n, sizeof(n), (void *)call->done))
-			return 0;
+			return;
 	} else {
 		n = ret;
 	}
 	if (!n || n > 0x7fffffff)
-		return 0;
+		return;
 
 	struct gt_io *io = &scr->io;
 	__builtin_memset(io, 0, sizeof(*io));
 	if (!gt_tls_gate(io, id))
-		return 0;
+		return;
 	io->dir = (call->cookie & GT_TLS_WRITE) ? 1 : 0;
 	struct gt_conn *c = gt_tls_conn(io, call->ssl, 1);
 	if (!c || c->kind != GT_CONN_HTTP)
-		return 0;
+		return;
 	if (c->side == GT_SIDE_SERVER && !(io->server_possible & io->mask) && !(io->cfg_flags & GT_CFG_NO_GATE))
-		return 0;
+		return;
 	if (c->side == GT_SIDE_CLIENT && !(io->client_possible & io->mask) && !(io->cfg_flags & GT_CFG_NO_GATE))
-		return 0;
+		return;
 	io->fd = c->tls_fd;
 	gt_process(c, io, call->buf, (__u32)n);
-	return 0;
 }
 
 SEC("uprobe")
 int gt_tls_handshake(struct pt_regs___gttls *ctx)
 {
+	gt_own_stack(ctx);
 	__u64 id = bpf_get_current_pid_tgid();
 	struct gt_io io = {};
 	if (!gt_tls_target(id) || !gt_tls_gate(&io, id))
@@ -240,6 +263,7 @@ int gt_tls_handshake(struct pt_regs___gttls *ctx)
 SEC("uprobe")
 int gt_tls_free(struct pt_regs___gttls *ctx)
 {
+	gt_own_stack(ctx);
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
 	if (!gt_tls_target(id))

@@ -38,7 +38,9 @@ struct gt_dir {
 	__u8 upgrade;    // Upgrade header seen
 	__u8 scan_rollout; // scan this request's body for Gym's rollout keys
 	__u8 scan_reward;  // scan this response's body for its reward (reward_ring)
-	__u8 _pad[4];
+	// The TCP stream position just past the last bytes the parser followed in
+	// this direction (gt_pos_check), when gt_conn.pos_ok says it is known.
+	__u32 next_pos;
 	__u64 remaining;
 	__u64 body_len;
 	__u64 start_ns;
@@ -82,7 +84,12 @@ struct gt_conn {
 	__u8 served_noted; // bpf/inject.h: this server connection's process is in gt_inject_serving
 	__u8 fresh; // seen from the stream's first byte (gt_conn_fresh): requests carry GT_F_FRESH
 	__u8 gap;   // enum gt_gap: GT_GAP_FRAMING sticks, GT_GAP_LOST until the next request record
-	__u8 _pad3[3];
+	__u8 pos_ok; // bit d: dir[d].next_pos is known
+	// The responses of every request seen were given up at a gap in the
+	// response direction (gt_pos_check): a response with no request seen is
+	// one of those, not a sign of an unseen request. Until the next request.
+	__u8 resp_given_up;
+	__u8 _pad3;
 	// The connection's struct sock, read at its first syscall (gt_conn_get):
 	// its stream positions date each request start (gt_stream_seq). Only
 	// ever dereferenced through probe reads; the entry is deleted at close.

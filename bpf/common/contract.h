@@ -127,7 +127,12 @@ enum gt_stat {
 				   // not found, ambiguous, malformed, outside the window, or a body the
 				   // scan does not follow (chunked, ended by close, framing lost, none)
 	GT_STAT_SCAN_PREREAD = 48, // header blocks scanned from the read made at their message start
-	GT_STAT_MAX = 49,
+	// Followed connections whose bytes moved unseen between two syscalls the
+	// programs saw (gt_pos_check): a skipped program, an unhooked syscall.
+	GT_STAT_STREAM_GAP = 49,
+	// ... of those, gaps inside a Content-Length body: skipped exactly, nothing lost.
+	GT_STAT_STREAM_GAP_BODY = 50,
+	GT_STAT_MAX = 51,
 };
 
 struct gt_tuple {

@@ -200,6 +200,16 @@ static __always_inline int gt_conn_fresh(struct sock *sk, int dir, long n)
 	return total + 1 >= (__u64)n && total <= (__u64)n + 1;
 }
 
+// gt_fin_received reports whether the peer's FIN has arrived: the socket is
+// in a state only a received FIN leads to (CLOSE_WAIT, LAST_ACK, CLOSING,
+// TIME_WAIT; CLOSE after those). A read that takes the FIN moves copied_seq
+// one past the data it returns.
+static __always_inline int gt_fin_received(struct sock *sk)
+{
+	__u8 st = BPF_CORE_READ(sk, __sk_common.skc_state);
+	return st == 6 || st == 7 || st == 8 || st == 9 || st == 11;
+}
+
 // gt_stream_seq is the TCP sequence number just past the bytes the current
 // syscall moved in direction dir (0 read: copied_seq; 1 write: write_seq),
 // read at its sys_exit. Less the syscall's byte count plus an offset, it

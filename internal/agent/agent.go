@@ -313,7 +313,7 @@ func (t *agent) reload(nc *config.Config) error {
 	}
 	t.setInjectWanted(nc.Mask.Has(groups.HTTPClient))
 	t.py.setMask(nc.Mask)
-	t.tls.SetEnabled(tlsWanted(nc.Mask))
+	t.tls.SetEnabled(tlsAllowed(t.kern, nc.Mask))
 	t.log.Info("span groups reloaded", "span_groups", strings.Join(nc.Mask.Names(), ","))
 	return nil
 }

@@ -59,10 +59,20 @@ func wantProbes(m groups.Mask) bool {
 	return needsPy(m) && !noPyProbes
 }
 
+// pySafe: this kernel keeps the link probes whole (loader.Preemption): where
+// it preempts them and cannot be told not to, a probe could build a link from
+// another run's scratch, a wrong parent; without them calls stay unattributed.
+func pySafe(t *agent) bool {
+	return t == nil || t.kern == nil || t.kern.Preemption().PythonUnsafe() == ""
+}
+
 func newPyTargets(t *agent, m groups.Mask) *pyTargets {
+	if !pySafe(t) && t.log != nil {
+		t.log.Warn("asyncio parents are off on this kernel", "why", t.kern.Preemption().PythonUnsafe())
+	}
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
 		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, watching: map[int]*pureWatch{},
-		tasks: map[int]python.TaskLayout{}, want: wantProbes(m)}
+		tasks: map[int]python.TaskLayout{}, want: wantProbes(m) && pySafe(t)}
 }
 
 // paramsLocked is pid's gt_py_procs value: its interpreter's layout, and
@@ -434,7 +444,7 @@ func (p *pyTargets) setMask(m groups.Mask) {
 		p.mu.Unlock()
 		return
 	}
-	p.want = wantProbes(m)
+	p.want = wantProbes(m) && pySafe(p.t)
 	todo := map[int]*python.Interpreter{}
 	for pid, in := range p.interp {
 		if p.want {

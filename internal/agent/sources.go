@@ -105,6 +105,11 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		"tls_linked":    st[loader.StatTLSLinked],    // SSL objects tied to their socket
 		"reward_found":  st[loader.StatRewardFound],  // /verify responses whose reward the kernel read
 		"reward_missed": st[loader.StatRewardMissed], // ... meant to be scanned, with no usable reward (docs/security.md)
+		// Bytes of a followed connection that moved unseen (a skipped
+		// program, an unhooked syscall): the direction resyncs and pairs
+		// nothing by count across the gap; body_gap ones were skipped exactly.
+		"stream_gap":      st[loader.StatStreamGap],
+		"stream_body_gap": st[loader.StatStreamGapBody],
 	}
 }
 

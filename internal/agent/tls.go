@@ -20,6 +20,14 @@ func newTLSAttacher(kern *loader.Tracer, m groups.Mask, log *slog.Logger) (*gttl
 	if err != nil {
 		return nil, err
 	}
-	a.SetEnabled(tlsWanted(m))
+	if why := kern.Preemption().TLSUnsafe(); why != "" {
+		log.Warn("HTTPS is not traced on this kernel", "why", why)
+	}
+	a.SetEnabled(tlsAllowed(kern, m))
 	return a, nil
+}
+
+// tlsAllowed: wanted by the groups, and safe on this kernel.
+func tlsAllowed(kern *loader.Tracer, m groups.Mask) bool {
+	return tlsWanted(m) && kern.Preemption().TLSUnsafe() == ""
 }

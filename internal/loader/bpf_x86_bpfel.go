@@ -63,7 +63,7 @@ type bpfGtConn struct {
 		Upgrade     uint8
 		ScanRollout uint8
 		ScanReward  uint8
-		Pad         [4]uint8
+		NextPos     uint32
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -87,7 +87,9 @@ type bpfGtConn struct {
 	ServedNoted uint8
 	Fresh       uint8
 	Gap         uint8
-	Pad3        [3]uint8
+	PosOk       uint8
+	RespGivenUp uint8
+	Pad3        uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -612,26 +614,28 @@ const (
 type bpfGtStat uint32
 
 const (
-	bpfGtStatGT_STAT_EMITTED       bpfGtStat = 0
-	bpfGtStatGT_STAT_DISCARDED     bpfGtStat = 16
-	bpfGtStatGT_STAT_RINGBUF_FULL  bpfGtStat = 32
-	bpfGtStatGT_STAT_NOT_HTTP      bpfGtStat = 33
-	bpfGtStatGT_STAT_PARSE_ERROR   bpfGtStat = 34
-	bpfGtStatGT_STAT_HDR_TRUNCATED bpfGtStat = 35
-	bpfGtStatGT_STAT_CONN_FULL     bpfGtStat = 36
-	bpfGtStatGT_STAT_RESYNC        bpfGtStat = 37
-	bpfGtStatGT_STAT_SKIPPED_BYTES bpfGtStat = 38
-	bpfGtStatGT_STAT_PROC_EVENTS   bpfGtStat = 39
-	bpfGtStatGT_STAT_TLS_CALLS     bpfGtStat = 40
-	bpfGtStatGT_STAT_TLS_EVENTS    bpfGtStat = 41
-	bpfGtStatGT_STAT_TLS_LINKED    bpfGtStat = 42
-	bpfGtStatGT_STAT_UNSAMPLED     bpfGtStat = 43
-	bpfGtStatGT_STAT_SCAN_REUSED   bpfGtStat = 44
-	bpfGtStatGT_STAT_FRESH         bpfGtStat = 45
-	bpfGtStatGT_STAT_REWARD_FOUND  bpfGtStat = 46
-	bpfGtStatGT_STAT_REWARD_MISSED bpfGtStat = 47
-	bpfGtStatGT_STAT_SCAN_PREREAD  bpfGtStat = 48
-	bpfGtStatGT_STAT_MAX           bpfGtStat = 49
+	bpfGtStatGT_STAT_EMITTED         bpfGtStat = 0
+	bpfGtStatGT_STAT_DISCARDED       bpfGtStat = 16
+	bpfGtStatGT_STAT_RINGBUF_FULL    bpfGtStat = 32
+	bpfGtStatGT_STAT_NOT_HTTP        bpfGtStat = 33
+	bpfGtStatGT_STAT_PARSE_ERROR     bpfGtStat = 34
+	bpfGtStatGT_STAT_HDR_TRUNCATED   bpfGtStat = 35
+	bpfGtStatGT_STAT_CONN_FULL       bpfGtStat = 36
+	bpfGtStatGT_STAT_RESYNC          bpfGtStat = 37
+	bpfGtStatGT_STAT_SKIPPED_BYTES   bpfGtStat = 38
+	bpfGtStatGT_STAT_PROC_EVENTS     bpfGtStat = 39
+	bpfGtStatGT_STAT_TLS_CALLS       bpfGtStat = 40
+	bpfGtStatGT_STAT_TLS_EVENTS      bpfGtStat = 41
+	bpfGtStatGT_STAT_TLS_LINKED      bpfGtStat = 42
+	bpfGtStatGT_STAT_UNSAMPLED       bpfGtStat = 43
+	bpfGtStatGT_STAT_SCAN_REUSED     bpfGtStat = 44
+	bpfGtStatGT_STAT_FRESH           bpfGtStat = 45
+	bpfGtStatGT_STAT_REWARD_FOUND    bpfGtStat = 46
+	bpfGtStatGT_STAT_REWARD_MISSED   bpfGtStat = 47
+	bpfGtStatGT_STAT_SCAN_PREREAD    bpfGtStat = 48
+	bpfGtStatGT_STAT_STREAM_GAP      bpfGtStat = 49
+	bpfGtStatGT_STAT_STREAM_GAP_BODY bpfGtStat = 50
+	bpfGtStatGT_STAT_MAX             bpfGtStat = 51
 )
 
 type bpfGtTarget struct {
@@ -819,6 +823,7 @@ const (
 	bpfMapGtTlsIo               = "gt_tls_io"
 	bpfMapGtTlsPending          = "gt_tls_pending"
 	bpfMapGtTraceCtxs           = "gt_trace_ctxs"
+	bpfMapGtUprobeTails         = "gt_uprobe_tails"
 	bpfProgGtEnterClose         = "gt_enter_close"
 	bpfProgGtExec               = "gt_exec"
 	bpfProgGtExit               = "gt_exit"
@@ -864,9 +869,11 @@ const (
 	bpfVarGtContractTargetFlag  = "gt_contract_target_flag"
 	bpfVarGtContractTraceCtx    = "gt_contract_trace_ctx"
 	bpfVarGtContractVerb        = "gt_contract_verb"
+	bpfVarGtNever               = "gt_never"
 	bpfVarGtNextConnId          = "gt_next_conn_id"
 	bpfVarGtProfSkip            = "gt_prof_skip"
 	bpfVarGtProfTime            = "gt_prof_time"
+	bpfVarGtTlsPin              = "gt_tls_pin"
 	bpfVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
 
@@ -976,6 +983,7 @@ type bpfMapSpecs struct {
 	GtTlsIo         *ebpf.MapSpec `ebpf:"gt_tls_io"`
 	GtTlsPending    *ebpf.MapSpec `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.MapSpec `ebpf:"gt_trace_ctxs"`
+	GtUprobeTails   *ebpf.MapSpec `ebpf:"gt_uprobe_tails"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -1002,9 +1010,11 @@ type bpfVariableSpecs struct {
 	GtContractTargetFlag *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx   *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
+	GtNever              *ebpf.VariableSpec `ebpf:"gt_never"`
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtTlsPin             *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -1061,6 +1071,7 @@ type bpfMaps struct {
 	GtTlsIo         *ebpf.Map `ebpf:"gt_tls_io"`
 	GtTlsPending    *ebpf.Map `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.Map `ebpf:"gt_trace_ctxs"`
+	GtUprobeTails   *ebpf.Map `ebpf:"gt_uprobe_tails"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -1098,6 +1109,7 @@ func (m *bpfMaps) Close() error {
 		m.GtTlsIo,
 		m.GtTlsPending,
 		m.GtTraceCtxs,
+		m.GtUprobeTails,
 	)
 }
 
@@ -1125,9 +1137,11 @@ type bpfVariables struct {
 	GtContractTargetFlag *ebpf.Variable `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx   *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
+	GtNever              *ebpf.Variable `ebpf:"gt_never"`
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtTlsPin             *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 

@@ -49,6 +49,7 @@ const (
 	bpfboundedMapGtTlsIo               = "gt_tls_io"
 	bpfboundedMapGtTlsPending          = "gt_tls_pending"
 	bpfboundedMapGtTraceCtxs           = "gt_trace_ctxs"
+	bpfboundedMapGtUprobeTails         = "gt_uprobe_tails"
 	bpfboundedProgGtEnterClose         = "gt_enter_close"
 	bpfboundedProgGtExec               = "gt_exec"
 	bpfboundedProgGtExit               = "gt_exit"
@@ -94,9 +95,11 @@ const (
 	bpfboundedVarGtContractTargetFlag  = "gt_contract_target_flag"
 	bpfboundedVarGtContractTraceCtx    = "gt_contract_trace_ctx"
 	bpfboundedVarGtContractVerb        = "gt_contract_verb"
+	bpfboundedVarGtNever               = "gt_never"
 	bpfboundedVarGtNextConnId          = "gt_next_conn_id"
 	bpfboundedVarGtProfSkip            = "gt_prof_skip"
 	bpfboundedVarGtProfTime            = "gt_prof_time"
+	bpfboundedVarGtTlsPin              = "gt_tls_pin"
 	bpfboundedVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
 
@@ -206,6 +209,7 @@ type bpfboundedMapSpecs struct {
 	GtTlsIo         *ebpf.MapSpec `ebpf:"gt_tls_io"`
 	GtTlsPending    *ebpf.MapSpec `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.MapSpec `ebpf:"gt_trace_ctxs"`
+	GtUprobeTails   *ebpf.MapSpec `ebpf:"gt_uprobe_tails"`
 }
 
 // bpfboundedVariableSpecs contains global variables before they are loaded into the kernel.
@@ -232,9 +236,11 @@ type bpfboundedVariableSpecs struct {
 	GtContractTargetFlag *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx   *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
+	GtNever              *ebpf.VariableSpec `ebpf:"gt_never"`
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtTlsPin             *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -291,6 +297,7 @@ type bpfboundedMaps struct {
 	GtTlsIo         *ebpf.Map `ebpf:"gt_tls_io"`
 	GtTlsPending    *ebpf.Map `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.Map `ebpf:"gt_trace_ctxs"`
+	GtUprobeTails   *ebpf.Map `ebpf:"gt_uprobe_tails"`
 }
 
 func (m *bpfboundedMaps) Close() error {
@@ -328,6 +335,7 @@ func (m *bpfboundedMaps) Close() error {
 		m.GtTlsIo,
 		m.GtTlsPending,
 		m.GtTraceCtxs,
+		m.GtUprobeTails,
 	)
 }
 
@@ -355,9 +363,11 @@ type bpfboundedVariables struct {
 	GtContractTargetFlag *ebpf.Variable `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx   *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
+	GtNever              *ebpf.Variable `ebpf:"gt_never"`
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtTlsPin             *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 

@@ -133,26 +133,28 @@ const (
 
 // Statistics slots in the per-CPU gt_stats array.
 const (
-	StatEmitted      = uint32(bpfGtStatGT_STAT_EMITTED)
-	StatDiscarded    = uint32(bpfGtStatGT_STAT_DISCARDED)
-	StatRingbufFull  = uint32(bpfGtStatGT_STAT_RINGBUF_FULL)
-	StatNotHTTP      = uint32(bpfGtStatGT_STAT_NOT_HTTP)
-	StatParseError   = uint32(bpfGtStatGT_STAT_PARSE_ERROR)
-	StatHdrTruncated = uint32(bpfGtStatGT_STAT_HDR_TRUNCATED)
-	StatConnFull     = uint32(bpfGtStatGT_STAT_CONN_FULL)
-	StatResync       = uint32(bpfGtStatGT_STAT_RESYNC)
-	StatSkippedBytes = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
-	StatProcEvents   = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
-	StatUnsampled    = uint32(bpfGtStatGT_STAT_UNSAMPLED)
-	StatScanReused   = uint32(bpfGtStatGT_STAT_SCAN_REUSED)
-	StatFresh        = uint32(bpfGtStatGT_STAT_FRESH)         // connections followed from their first byte
-	StatRewardFound  = uint32(bpfGtStatGT_STAT_REWARD_FOUND)  // /verify responses whose reward the kernel read
-	StatRewardMissed = uint32(bpfGtStatGT_STAT_REWARD_MISSED) // ... meant to be scanned, with no usable reward
-	StatTLSCalls     = uint32(bpfGtStatGT_STAT_TLS_CALLS)     // TLS probe runs in targets
-	StatTLSEvents    = uint32(bpfGtStatGT_STAT_TLS_EVENTS)    // records emitted from TLS plaintext
-	StatTLSLinked    = uint32(bpfGtStatGT_STAT_TLS_LINKED)    // SSL objects linked to their socket
-	StatScanPreread  = uint32(bpfGtStatGT_STAT_SCAN_PREREAD)  // header blocks scanned from the read at their start
-	StatMax          = uint32(bpfGtStatGT_STAT_MAX)
+	StatEmitted       = uint32(bpfGtStatGT_STAT_EMITTED)
+	StatDiscarded     = uint32(bpfGtStatGT_STAT_DISCARDED)
+	StatRingbufFull   = uint32(bpfGtStatGT_STAT_RINGBUF_FULL)
+	StatNotHTTP       = uint32(bpfGtStatGT_STAT_NOT_HTTP)
+	StatParseError    = uint32(bpfGtStatGT_STAT_PARSE_ERROR)
+	StatHdrTruncated  = uint32(bpfGtStatGT_STAT_HDR_TRUNCATED)
+	StatConnFull      = uint32(bpfGtStatGT_STAT_CONN_FULL)
+	StatResync        = uint32(bpfGtStatGT_STAT_RESYNC)
+	StatSkippedBytes  = uint32(bpfGtStatGT_STAT_SKIPPED_BYTES)
+	StatProcEvents    = uint32(bpfGtStatGT_STAT_PROC_EVENTS)
+	StatUnsampled     = uint32(bpfGtStatGT_STAT_UNSAMPLED)
+	StatScanReused    = uint32(bpfGtStatGT_STAT_SCAN_REUSED)
+	StatFresh         = uint32(bpfGtStatGT_STAT_FRESH)           // connections followed from their first byte
+	StatRewardFound   = uint32(bpfGtStatGT_STAT_REWARD_FOUND)    // /verify responses whose reward the kernel read
+	StatRewardMissed  = uint32(bpfGtStatGT_STAT_REWARD_MISSED)   // ... meant to be scanned, with no usable reward
+	StatTLSCalls      = uint32(bpfGtStatGT_STAT_TLS_CALLS)       // TLS probe runs in targets
+	StatTLSEvents     = uint32(bpfGtStatGT_STAT_TLS_EVENTS)      // records emitted from TLS plaintext
+	StatTLSLinked     = uint32(bpfGtStatGT_STAT_TLS_LINKED)      // SSL objects linked to their socket
+	StatScanPreread   = uint32(bpfGtStatGT_STAT_SCAN_PREREAD)    // header blocks scanned from the read at their start
+	StatStreamGap     = uint32(bpfGtStatGT_STAT_STREAM_GAP)      // bytes of a followed connection moved unseen
+	StatStreamGapBody = uint32(bpfGtStatGT_STAT_STREAM_GAP_BODY) // ... inside a Content-Length body: nothing lost
+	StatMax           = uint32(bpfGtStatGT_STAT_MAX)
 )
 
 // Config flags.

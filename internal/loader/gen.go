@@ -9,3 +9,4 @@ package loader
 // bpf/common/iter.h) and no section timers (-DGT_NO_PROF_TIME, bpf/common/util.h).
 //go:generate go tool bpf2go -tags linux -target amd64,arm64 bpf ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror
 //go:generate go tool bpf2go -tags linux -target amd64,arm64 -no-global-types bpfbounded ../../bpf/gymtrace.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -Wno-unused-variable -O2 -g -Wall -Werror -DGT_BOUNDED_LOOPS -DGT_NO_PROF_TIME
+//go:generate go tool bpf2go -tags linux -target amd64,arm64 -no-global-types probepin ../../bpf/probe_pin.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu -O2 -g -Wall -Werror

@@ -46,6 +46,7 @@ type Tracer struct {
 
 	variant     Variant       // the build of bpf/gymtrace.c this kernel got
 	unsupported []Unsupported // programs loaded as no-ops: this kernel cannot run them
+	preempt     Preemption    // what the kernel does to uprobe programs halfway (preempt.go)
 
 	profTime bool // GYMTRACE_PROF_TIME=1: the programs time their sections (ProfTable)
 
@@ -139,10 +140,16 @@ func Load(opts Options) (*Tracer, error) {
 			return nil, err
 		}
 	}
+	preempt := probePreemption()
+	if err := applyPreemption(spec, preempt); err != nil {
+		return nil, err
+	}
+	log.Debug("kernel preemption", "preempts", preempt.Preempts, "mode", preempt.Mode,
+		"bpf_preempt_disable", preempt.Kfunc, "tls_pinned", preempt.PinTLS)
 	// The uprobe programs (Python, uvloop, TLS) as uprobe_multi programs
 	// where the kernel has them: a process's probes come off together.
 	probesite.PrepareMulti(spec)
-	t := &Tracer{log: log, profTime: profTime, variant: variant, unsupported: unsupported}
+	t := &Tracer{log: log, profTime: profTime, variant: variant, unsupported: unsupported, preempt: preempt}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -630,6 +637,10 @@ func (t *Tracer) InjectUnavailable() string {
 	}
 	return ""
 }
+
+// Preemption says whether the kernel preempts uprobe programs and what
+// gymtrace can do about it here.
+func (t *Tracer) Preemption() Preemption { return t.preempt }
 
 // InjectObjects returns the injection programs and maps.
 func (t *Tracer) InjectObjects() InjectObjects {

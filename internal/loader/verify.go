@@ -69,6 +69,9 @@ type VerifyReport struct {
 	// Optional programs this kernel cannot run, loaded as no-ops as Load
 	// loads them (their features are off).
 	Unsupported []Unsupported
+	// What the kernel does to uprobe programs halfway, and the features
+	// that stay off for it (Preemption.PythonUnsafe, TLSUnsafe).
+	Preemption Preemption
 }
 
 // Failed lists the programs the kernel refused.
@@ -135,6 +138,10 @@ func Verify(o VerifyOptions) (VerifyReport, error) {
 		return rep, err
 	}
 	rep.Unsupported = stubUnsupported(spec)
+	rep.Preemption = probePreemption()
+	if err := applyPreemption(spec, rep.Preemption); err != nil {
+		return rep, err
+	}
 	// The uprobe programs typed as Load types them (uprobe_multi where the
 	// kernel takes it): the verifier sees what Load gives it.
 	probesite.PrepareMulti(spec)

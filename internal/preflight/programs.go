@@ -55,4 +55,26 @@ func (c *checker) programs() {
 			Detail: "this kernel lacks " + u.Needs + ": " + u.Feature + " is off (the program is left out)",
 			Fix:    "a newer kernel has it"})
 	}
+	c.add(preemptionResult(rep.Preemption))
+}
+
+// preemptionResult says whether the uprobe programs run whole on their CPU
+// here (bpf/common/preempt.h), and what stays off where they cannot.
+func preemptionResult(p loader.Preemption) Result {
+	r := Result{Feature: "uprobe programs kept whole", Need: NeedOptional, Status: StatusOK}
+	switch {
+	case !p.Preempts:
+		r.Detail = "the kernel does not preempt them (" + p.Mode + ")"
+	case p.PythonUnsafe() != "":
+		r.Status = StatusMissing
+		r.Detail = p.PythonUnsafe() + "; " + p.TLSUnsafe()
+		r.Fix = "boot with preempt=voluntary (PREEMPT_DYNAMIC kernels), or run Linux 6.10+"
+	case p.TLSUnsafe() != "":
+		r.Status = StatusMissing
+		r.Detail = "the Python probes hold preemption off (" + p.Mode + "); " + p.TLSUnsafe()
+		r.Fix = "boot with preempt=voluntary (PREEMPT_DYNAMIC kernels), or a kernel whose verifier allows global calls with preemption off"
+	default:
+		r.Detail = "the kernel preempts (" + p.Mode + "); every uprobe program holds preemption off with bpf_preempt_disable"
+	}
+	return r
 }

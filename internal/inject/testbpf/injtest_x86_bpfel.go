@@ -48,7 +48,7 @@ type injtestGtConn struct {
 		Upgrade     uint8
 		ScanRollout uint8
 		ScanReward  uint8
-		Pad         [4]uint8
+		NextPos     uint32
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -72,7 +72,9 @@ type injtestGtConn struct {
 	ServedNoted uint8
 	Fresh       uint8
 	Gap         uint8
-	Pad3        [3]uint8
+	PosOk       uint8
+	RespGivenUp uint8
+	Pad3        uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -454,26 +456,28 @@ type injtestGtScratch struct {
 type injtestGtStat uint32
 
 const (
-	injtestGtStatGT_STAT_EMITTED       injtestGtStat = 0
-	injtestGtStatGT_STAT_DISCARDED     injtestGtStat = 16
-	injtestGtStatGT_STAT_RINGBUF_FULL  injtestGtStat = 32
-	injtestGtStatGT_STAT_NOT_HTTP      injtestGtStat = 33
-	injtestGtStatGT_STAT_PARSE_ERROR   injtestGtStat = 34
-	injtestGtStatGT_STAT_HDR_TRUNCATED injtestGtStat = 35
-	injtestGtStatGT_STAT_CONN_FULL     injtestGtStat = 36
-	injtestGtStatGT_STAT_RESYNC        injtestGtStat = 37
-	injtestGtStatGT_STAT_SKIPPED_BYTES injtestGtStat = 38
-	injtestGtStatGT_STAT_PROC_EVENTS   injtestGtStat = 39
-	injtestGtStatGT_STAT_TLS_CALLS     injtestGtStat = 40
-	injtestGtStatGT_STAT_TLS_EVENTS    injtestGtStat = 41
-	injtestGtStatGT_STAT_TLS_LINKED    injtestGtStat = 42
-	injtestGtStatGT_STAT_UNSAMPLED     injtestGtStat = 43
-	injtestGtStatGT_STAT_SCAN_REUSED   injtestGtStat = 44
-	injtestGtStatGT_STAT_FRESH         injtestGtStat = 45
-	injtestGtStatGT_STAT_REWARD_FOUND  injtestGtStat = 46
-	injtestGtStatGT_STAT_REWARD_MISSED injtestGtStat = 47
-	injtestGtStatGT_STAT_SCAN_PREREAD  injtestGtStat = 48
-	injtestGtStatGT_STAT_MAX           injtestGtStat = 49
+	injtestGtStatGT_STAT_EMITTED         injtestGtStat = 0
+	injtestGtStatGT_STAT_DISCARDED       injtestGtStat = 16
+	injtestGtStatGT_STAT_RINGBUF_FULL    injtestGtStat = 32
+	injtestGtStatGT_STAT_NOT_HTTP        injtestGtStat = 33
+	injtestGtStatGT_STAT_PARSE_ERROR     injtestGtStat = 34
+	injtestGtStatGT_STAT_HDR_TRUNCATED   injtestGtStat = 35
+	injtestGtStatGT_STAT_CONN_FULL       injtestGtStat = 36
+	injtestGtStatGT_STAT_RESYNC          injtestGtStat = 37
+	injtestGtStatGT_STAT_SKIPPED_BYTES   injtestGtStat = 38
+	injtestGtStatGT_STAT_PROC_EVENTS     injtestGtStat = 39
+	injtestGtStatGT_STAT_TLS_CALLS       injtestGtStat = 40
+	injtestGtStatGT_STAT_TLS_EVENTS      injtestGtStat = 41
+	injtestGtStatGT_STAT_TLS_LINKED      injtestGtStat = 42
+	injtestGtStatGT_STAT_UNSAMPLED       injtestGtStat = 43
+	injtestGtStatGT_STAT_SCAN_REUSED     injtestGtStat = 44
+	injtestGtStatGT_STAT_FRESH           injtestGtStat = 45
+	injtestGtStatGT_STAT_REWARD_FOUND    injtestGtStat = 46
+	injtestGtStatGT_STAT_REWARD_MISSED   injtestGtStat = 47
+	injtestGtStatGT_STAT_SCAN_PREREAD    injtestGtStat = 48
+	injtestGtStatGT_STAT_STREAM_GAP      injtestGtStat = 49
+	injtestGtStatGT_STAT_STREAM_GAP_BODY injtestGtStat = 50
+	injtestGtStatGT_STAT_MAX             injtestGtStat = 51
 )
 
 type injtestGtTarget struct {

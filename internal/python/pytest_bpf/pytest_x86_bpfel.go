@@ -48,7 +48,7 @@ type pytestGtConn struct {
 		Upgrade     uint8
 		ScanRollout uint8
 		ScanReward  uint8
-		Pad         [4]uint8
+		NextPos     uint32
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -72,7 +72,9 @@ type pytestGtConn struct {
 	ServedNoted uint8
 	Fresh       uint8
 	Gap         uint8
-	Pad3        [3]uint8
+	PosOk       uint8
+	RespGivenUp uint8
+	Pad3        uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -411,6 +413,7 @@ const (
 	pytestMapGtStats                  = "gt_stats"
 	pytestMapGtTargetBits             = "gt_target_bits"
 	pytestMapGtTargets                = "gt_targets"
+	pytestMapGtUprobeTails            = "gt_uprobe_tails"
 	pytestMapPytestEvents             = "pytest_events"
 	pytestMapPytestLastResp           = "pytest_last_resp"
 	pytestMapPytestRecvBuf            = "pytest_recv_buf"
@@ -422,6 +425,7 @@ const (
 	pytestProgPytestRecvExit          = "pytest_recv_exit"
 	pytestProgPytestSendto            = "pytest_sendto"
 	pytestProgPytestWrite             = "pytest_write"
+	pytestVarGtNever                  = "gt_never"
 	pytestVarGtNextConnId             = "gt_next_conn_id"
 	pytestVarGtProfSkip               = "gt_prof_skip"
 	pytestVarGtProfTime               = "gt_prof_time"
@@ -508,6 +512,7 @@ type pytestMapSpecs struct {
 	GtStats        *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits   *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets      *ebpf.MapSpec `ebpf:"gt_targets"`
+	GtUprobeTails  *ebpf.MapSpec `ebpf:"gt_uprobe_tails"`
 	PytestEvents   *ebpf.MapSpec `ebpf:"pytest_events"`
 	PytestLastResp *ebpf.MapSpec `ebpf:"pytest_last_resp"`
 	PytestRecvBuf  *ebpf.MapSpec `ebpf:"pytest_recv_buf"`
@@ -517,6 +522,7 @@ type pytestMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type pytestVariableSpecs struct {
+	GtNever                  *ebpf.VariableSpec `ebpf:"gt_never"`
 	GtNextConnId             *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip               *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime               *ebpf.VariableSpec `ebpf:"gt_prof_time"`
@@ -567,6 +573,7 @@ type pytestMaps struct {
 	GtStats        *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits   *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets      *ebpf.Map `ebpf:"gt_targets"`
+	GtUprobeTails  *ebpf.Map `ebpf:"gt_uprobe_tails"`
 	PytestEvents   *ebpf.Map `ebpf:"pytest_events"`
 	PytestLastResp *ebpf.Map `ebpf:"pytest_last_resp"`
 	PytestRecvBuf  *ebpf.Map `ebpf:"pytest_recv_buf"`
@@ -590,6 +597,7 @@ func (m *pytestMaps) Close() error {
 		m.GtStats,
 		m.GtTargetBits,
 		m.GtTargets,
+		m.GtUprobeTails,
 		m.PytestEvents,
 		m.PytestLastResp,
 		m.PytestRecvBuf,
@@ -600,6 +608,7 @@ func (m *pytestMaps) Close() error {
 //
 // It can be passed to loadPytestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type pytestVariables struct {
+	GtNever                  *ebpf.Variable `ebpf:"gt_never"`
 	GtNextConnId             *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip               *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime               *ebpf.Variable `ebpf:"gt_prof_time"`

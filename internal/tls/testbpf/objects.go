@@ -23,18 +23,19 @@ type (
 
 // Contract values the tests check.
 const (
-	EvRequest      = uint8(tlstestGtEventKindGT_EV_REQUEST)
-	EvResponse     = uint8(tlstestGtEventKindGT_EV_RESPONSE)
-	EvClose        = uint8(tlstestGtEventKindGT_EV_CLOSE)
-	FlagTLS        = uint16(tlstestGtEventFlagGT_F_TLS)
-	FlagChunked    = uint16(tlstestGtEventFlagGT_F_CHUNKED)
-	FlagHost       = uint16(tlstestGtEventFlagGT_F_HOST)
-	FlagEndByClose = uint16(tlstestGtEventFlagGT_F_END_BY_CLOSE)
-	StatTLSCalls   = uint32(tlstestGtStatGT_STAT_TLS_CALLS)
-	StatTLSEvents  = uint32(tlstestGtStatGT_STAT_TLS_EVENTS)
-	StatTLSLinked  = uint32(tlstestGtStatGT_STAT_TLS_LINKED)
-	StatNotHTTP    = uint32(tlstestGtStatGT_STAT_NOT_HTTP)
-	StatMax        = uint32(tlstestGtStatGT_STAT_MAX)
+	EvRequest         = uint8(tlstestGtEventKindGT_EV_REQUEST)
+	EvResponse        = uint8(tlstestGtEventKindGT_EV_RESPONSE)
+	EvClose           = uint8(tlstestGtEventKindGT_EV_CLOSE)
+	FlagTLS           = uint16(tlstestGtEventFlagGT_F_TLS)
+	FlagChunked       = uint16(tlstestGtEventFlagGT_F_CHUNKED)
+	FlagHost          = uint16(tlstestGtEventFlagGT_F_HOST)
+	FlagEndByClose    = uint16(tlstestGtEventFlagGT_F_END_BY_CLOSE)
+	StatTLSCalls      = uint32(tlstestGtStatGT_STAT_TLS_CALLS)
+	StatTLSEvents     = uint32(tlstestGtStatGT_STAT_TLS_EVENTS)
+	StatTLSLinked     = uint32(tlstestGtStatGT_STAT_TLS_LINKED)
+	StatNotHTTP       = uint32(tlstestGtStatGT_STAT_NOT_HTTP)
+	StatStreamGapBody = uint32(tlstestGtStatGT_STAT_STREAM_GAP_BODY)
+	StatMax           = uint32(tlstestGtStatGT_STAT_MAX)
 )
 
 // Load loads the test object into the kernel.

@@ -48,7 +48,7 @@ type tlstestGtConn struct {
 		Upgrade     uint8
 		ScanRollout uint8
 		ScanReward  uint8
-		Pad         [4]uint8
+		NextPos     uint32
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -72,7 +72,9 @@ type tlstestGtConn struct {
 	ServedNoted uint8
 	Fresh       uint8
 	Gap         uint8
-	Pad3        [3]uint8
+	PosOk       uint8
+	RespGivenUp uint8
+	Pad3        uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -389,26 +391,28 @@ type tlstestGtScratch struct {
 type tlstestGtStat uint32
 
 const (
-	tlstestGtStatGT_STAT_EMITTED       tlstestGtStat = 0
-	tlstestGtStatGT_STAT_DISCARDED     tlstestGtStat = 16
-	tlstestGtStatGT_STAT_RINGBUF_FULL  tlstestGtStat = 32
-	tlstestGtStatGT_STAT_NOT_HTTP      tlstestGtStat = 33
-	tlstestGtStatGT_STAT_PARSE_ERROR   tlstestGtStat = 34
-	tlstestGtStatGT_STAT_HDR_TRUNCATED tlstestGtStat = 35
-	tlstestGtStatGT_STAT_CONN_FULL     tlstestGtStat = 36
-	tlstestGtStatGT_STAT_RESYNC        tlstestGtStat = 37
-	tlstestGtStatGT_STAT_SKIPPED_BYTES tlstestGtStat = 38
-	tlstestGtStatGT_STAT_PROC_EVENTS   tlstestGtStat = 39
-	tlstestGtStatGT_STAT_TLS_CALLS     tlstestGtStat = 40
-	tlstestGtStatGT_STAT_TLS_EVENTS    tlstestGtStat = 41
-	tlstestGtStatGT_STAT_TLS_LINKED    tlstestGtStat = 42
-	tlstestGtStatGT_STAT_UNSAMPLED     tlstestGtStat = 43
-	tlstestGtStatGT_STAT_SCAN_REUSED   tlstestGtStat = 44
-	tlstestGtStatGT_STAT_FRESH         tlstestGtStat = 45
-	tlstestGtStatGT_STAT_REWARD_FOUND  tlstestGtStat = 46
-	tlstestGtStatGT_STAT_REWARD_MISSED tlstestGtStat = 47
-	tlstestGtStatGT_STAT_SCAN_PREREAD  tlstestGtStat = 48
-	tlstestGtStatGT_STAT_MAX           tlstestGtStat = 49
+	tlstestGtStatGT_STAT_EMITTED         tlstestGtStat = 0
+	tlstestGtStatGT_STAT_DISCARDED       tlstestGtStat = 16
+	tlstestGtStatGT_STAT_RINGBUF_FULL    tlstestGtStat = 32
+	tlstestGtStatGT_STAT_NOT_HTTP        tlstestGtStat = 33
+	tlstestGtStatGT_STAT_PARSE_ERROR     tlstestGtStat = 34
+	tlstestGtStatGT_STAT_HDR_TRUNCATED   tlstestGtStat = 35
+	tlstestGtStatGT_STAT_CONN_FULL       tlstestGtStat = 36
+	tlstestGtStatGT_STAT_RESYNC          tlstestGtStat = 37
+	tlstestGtStatGT_STAT_SKIPPED_BYTES   tlstestGtStat = 38
+	tlstestGtStatGT_STAT_PROC_EVENTS     tlstestGtStat = 39
+	tlstestGtStatGT_STAT_TLS_CALLS       tlstestGtStat = 40
+	tlstestGtStatGT_STAT_TLS_EVENTS      tlstestGtStat = 41
+	tlstestGtStatGT_STAT_TLS_LINKED      tlstestGtStat = 42
+	tlstestGtStatGT_STAT_UNSAMPLED       tlstestGtStat = 43
+	tlstestGtStatGT_STAT_SCAN_REUSED     tlstestGtStat = 44
+	tlstestGtStatGT_STAT_FRESH           tlstestGtStat = 45
+	tlstestGtStatGT_STAT_REWARD_FOUND    tlstestGtStat = 46
+	tlstestGtStatGT_STAT_REWARD_MISSED   tlstestGtStat = 47
+	tlstestGtStatGT_STAT_SCAN_PREREAD    tlstestGtStat = 48
+	tlstestGtStatGT_STAT_STREAM_GAP      tlstestGtStat = 49
+	tlstestGtStatGT_STAT_STREAM_GAP_BODY tlstestGtStat = 50
+	tlstestGtStatGT_STAT_MAX             tlstestGtStat = 51
 )
 
 type tlstestGtTarget struct {
@@ -544,6 +548,7 @@ const (
 	tlstestMapGtTlsConns          = "gt_tls_conns"
 	tlstestMapGtTlsIo             = "gt_tls_io"
 	tlstestMapGtTlsPending        = "gt_tls_pending"
+	tlstestMapGtUprobeTails       = "gt_uprobe_tails"
 	tlstestProgGtEnterClose       = "gt_enter_close"
 	tlstestProgGtExitRead         = "gt_exit_read"
 	tlstestProgGtExitReadv        = "gt_exit_readv"
@@ -563,9 +568,11 @@ const (
 	tlstestVarGtContractKind      = "gt_contract_kind"
 	tlstestVarGtContractStat      = "gt_contract_stat"
 	tlstestVarGtContractTarget    = "gt_contract_target"
+	tlstestVarGtNever             = "gt_never"
 	tlstestVarGtNextConnId        = "gt_next_conn_id"
 	tlstestVarGtProfSkip          = "gt_prof_skip"
 	tlstestVarGtProfTime          = "gt_prof_time"
+	tlstestVarGtTlsPin            = "gt_tls_pin"
 	tlstestVarGtWakeupBytes       = "gt_wakeup_bytes"
 )
 
@@ -630,27 +637,28 @@ type tlstestProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tlstestMapSpecs struct {
-	GtConfig     *ebpf.MapSpec `ebpf:"gt_config"`
-	GtConns      *ebpf.MapSpec `ebpf:"gt_conns"`
-	GtEvents     *ebpf.MapSpec `ebpf:"gt_events"`
-	GtIos        *ebpf.MapSpec `ebpf:"gt_ios"`
-	GtProf       *ebpf.MapSpec `ebpf:"gt_prof"`
-	GtPyLinks    *ebpf.MapSpec `ebpf:"gt_py_links"`
-	GtPyProcs    *ebpf.MapSpec `ebpf:"gt_py_procs"`
-	GtPyScratch  *ebpf.MapSpec `ebpf:"gt_py_scratch"`
-	GtPySpawners *ebpf.MapSpec `ebpf:"gt_py_spawners"`
-	GtPyStats    *ebpf.MapSpec `ebpf:"gt_py_stats"`
-	GtPyThreads  *ebpf.MapSpec `ebpf:"gt_py_threads"`
-	GtPyWbufs    *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
-	GtRoutes     *ebpf.MapSpec `ebpf:"gt_routes"`
-	GtScratch    *ebpf.MapSpec `ebpf:"gt_scratch"`
-	GtStats      *ebpf.MapSpec `ebpf:"gt_stats"`
-	GtTargetBits *ebpf.MapSpec `ebpf:"gt_target_bits"`
-	GtTargets    *ebpf.MapSpec `ebpf:"gt_targets"`
-	GtTlsCalls   *ebpf.MapSpec `ebpf:"gt_tls_calls"`
-	GtTlsConns   *ebpf.MapSpec `ebpf:"gt_tls_conns"`
-	GtTlsIo      *ebpf.MapSpec `ebpf:"gt_tls_io"`
-	GtTlsPending *ebpf.MapSpec `ebpf:"gt_tls_pending"`
+	GtConfig      *ebpf.MapSpec `ebpf:"gt_config"`
+	GtConns       *ebpf.MapSpec `ebpf:"gt_conns"`
+	GtEvents      *ebpf.MapSpec `ebpf:"gt_events"`
+	GtIos         *ebpf.MapSpec `ebpf:"gt_ios"`
+	GtProf        *ebpf.MapSpec `ebpf:"gt_prof"`
+	GtPyLinks     *ebpf.MapSpec `ebpf:"gt_py_links"`
+	GtPyProcs     *ebpf.MapSpec `ebpf:"gt_py_procs"`
+	GtPyScratch   *ebpf.MapSpec `ebpf:"gt_py_scratch"`
+	GtPySpawners  *ebpf.MapSpec `ebpf:"gt_py_spawners"`
+	GtPyStats     *ebpf.MapSpec `ebpf:"gt_py_stats"`
+	GtPyThreads   *ebpf.MapSpec `ebpf:"gt_py_threads"`
+	GtPyWbufs     *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
+	GtRoutes      *ebpf.MapSpec `ebpf:"gt_routes"`
+	GtScratch     *ebpf.MapSpec `ebpf:"gt_scratch"`
+	GtStats       *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtTargetBits  *ebpf.MapSpec `ebpf:"gt_target_bits"`
+	GtTargets     *ebpf.MapSpec `ebpf:"gt_targets"`
+	GtTlsCalls    *ebpf.MapSpec `ebpf:"gt_tls_calls"`
+	GtTlsConns    *ebpf.MapSpec `ebpf:"gt_tls_conns"`
+	GtTlsIo       *ebpf.MapSpec `ebpf:"gt_tls_io"`
+	GtTlsPending  *ebpf.MapSpec `ebpf:"gt_tls_pending"`
+	GtUprobeTails *ebpf.MapSpec `ebpf:"gt_uprobe_tails"`
 }
 
 // tlstestVariableSpecs contains global variables before they are loaded into the kernel.
@@ -663,9 +671,11 @@ type tlstestVariableSpecs struct {
 	GtContractKind      *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
 	GtContractStat      *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
 	GtContractTarget    *ebpf.VariableSpec `ebpf:"gt_contract_target"`
+	GtNever             *ebpf.VariableSpec `ebpf:"gt_never"`
 	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime          *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtTlsPin            *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -689,27 +699,28 @@ func (o *tlstestObjects) Close() error {
 //
 // It can be passed to loadTlstestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tlstestMaps struct {
-	GtConfig     *ebpf.Map `ebpf:"gt_config"`
-	GtConns      *ebpf.Map `ebpf:"gt_conns"`
-	GtEvents     *ebpf.Map `ebpf:"gt_events"`
-	GtIos        *ebpf.Map `ebpf:"gt_ios"`
-	GtProf       *ebpf.Map `ebpf:"gt_prof"`
-	GtPyLinks    *ebpf.Map `ebpf:"gt_py_links"`
-	GtPyProcs    *ebpf.Map `ebpf:"gt_py_procs"`
-	GtPyScratch  *ebpf.Map `ebpf:"gt_py_scratch"`
-	GtPySpawners *ebpf.Map `ebpf:"gt_py_spawners"`
-	GtPyStats    *ebpf.Map `ebpf:"gt_py_stats"`
-	GtPyThreads  *ebpf.Map `ebpf:"gt_py_threads"`
-	GtPyWbufs    *ebpf.Map `ebpf:"gt_py_wbufs"`
-	GtRoutes     *ebpf.Map `ebpf:"gt_routes"`
-	GtScratch    *ebpf.Map `ebpf:"gt_scratch"`
-	GtStats      *ebpf.Map `ebpf:"gt_stats"`
-	GtTargetBits *ebpf.Map `ebpf:"gt_target_bits"`
-	GtTargets    *ebpf.Map `ebpf:"gt_targets"`
-	GtTlsCalls   *ebpf.Map `ebpf:"gt_tls_calls"`
-	GtTlsConns   *ebpf.Map `ebpf:"gt_tls_conns"`
-	GtTlsIo      *ebpf.Map `ebpf:"gt_tls_io"`
-	GtTlsPending *ebpf.Map `ebpf:"gt_tls_pending"`
+	GtConfig      *ebpf.Map `ebpf:"gt_config"`
+	GtConns       *ebpf.Map `ebpf:"gt_conns"`
+	GtEvents      *ebpf.Map `ebpf:"gt_events"`
+	GtIos         *ebpf.Map `ebpf:"gt_ios"`
+	GtProf        *ebpf.Map `ebpf:"gt_prof"`
+	GtPyLinks     *ebpf.Map `ebpf:"gt_py_links"`
+	GtPyProcs     *ebpf.Map `ebpf:"gt_py_procs"`
+	GtPyScratch   *ebpf.Map `ebpf:"gt_py_scratch"`
+	GtPySpawners  *ebpf.Map `ebpf:"gt_py_spawners"`
+	GtPyStats     *ebpf.Map `ebpf:"gt_py_stats"`
+	GtPyThreads   *ebpf.Map `ebpf:"gt_py_threads"`
+	GtPyWbufs     *ebpf.Map `ebpf:"gt_py_wbufs"`
+	GtRoutes      *ebpf.Map `ebpf:"gt_routes"`
+	GtScratch     *ebpf.Map `ebpf:"gt_scratch"`
+	GtStats       *ebpf.Map `ebpf:"gt_stats"`
+	GtTargetBits  *ebpf.Map `ebpf:"gt_target_bits"`
+	GtTargets     *ebpf.Map `ebpf:"gt_targets"`
+	GtTlsCalls    *ebpf.Map `ebpf:"gt_tls_calls"`
+	GtTlsConns    *ebpf.Map `ebpf:"gt_tls_conns"`
+	GtTlsIo       *ebpf.Map `ebpf:"gt_tls_io"`
+	GtTlsPending  *ebpf.Map `ebpf:"gt_tls_pending"`
+	GtUprobeTails *ebpf.Map `ebpf:"gt_uprobe_tails"`
 }
 
 func (m *tlstestMaps) Close() error {
@@ -735,6 +746,7 @@ func (m *tlstestMaps) Close() error {
 		m.GtTlsConns,
 		m.GtTlsIo,
 		m.GtTlsPending,
+		m.GtUprobeTails,
 	)
 }
 
@@ -748,9 +760,11 @@ type tlstestVariables struct {
 	GtContractKind      *ebpf.Variable `ebpf:"gt_contract_kind"`
 	GtContractStat      *ebpf.Variable `ebpf:"gt_contract_stat"`
 	GtContractTarget    *ebpf.Variable `ebpf:"gt_contract_target"`
+	GtNever             *ebpf.Variable `ebpf:"gt_never"`
 	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime          *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtTlsPin            *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 
