@@ -485,6 +485,7 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 	}
 	t.Logf("kernel asyncio context counters: %s", pyContextCounters(m))
 	t.Logf("server joins: %s", labelCounters(m, "gymtrace_server_joins_total", "how"))
+	t.Logf("kernel events: %s", labelCounters(m, "gymtrace_kernel_events_total", "reason"))
 
 	// The truth itself must describe the collection, or the score means nothing.
 	if sc.Rollouts != c.n {
