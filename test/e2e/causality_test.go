@@ -487,6 +487,18 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 	t.Logf("server joins: %s", labelCounters(m, "gymtrace_server_joins_total", "how"))
 	t.Logf("kernel events: %s", labelCounters(m, "gymtrace_kernel_events_total", "reason"))
 
+	checkCausality(t, c, sc, m, recs, spans, st.pids())
+	return sc, elapsed
+}
+
+// checkCausality holds one traced collection to the causality assertions:
+// every request a span, no wrong parent, every call attributed, one trace
+// per rollout, every rollout id its own (with a lossy ring: records lost,
+// and no loss making a wrong parent or splitting a rollout it did not
+// touch). m is gymtrace's metrics after the collection. TestCausality runs
+// it on the host; TestKernelMatrix on what each kernel-matrix guest kept.
+func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[string]float64, recs []truthRec, spans []Span, pids []int) {
+	t.Helper()
 	// The truth itself must describe the collection, or the score means nothing.
 	if sc.Rollouts != c.n {
 		t.Errorf("the truth has %d collector calls of /run since the collection started, want %d", sc.Rollouts, c.n)
@@ -514,10 +526,10 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 		if sc.RolloutsUntouchedSplit != 0 {
 			t.Errorf("%d of %d rollouts untouched by a loss are not whole in one trace: want none", sc.RolloutsUntouchedSplit, sc.Rollouts-sc.RolloutsTouched)
 		}
-		return sc, elapsed
+		return
 	}
 
-	checkScorerCatches(t, recs, spans, st.pids(), sc)
+	checkScorerCatches(t, recs, spans, pids, sc)
 
 	// A wrong parent is worse than a missing one: none, in any case.
 	if sc.Attributed == 0 || sc.Wrong != 0 {
@@ -558,7 +570,6 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 		t.Logf("large bodies: %d of %d rollout ids not found (a key cut by a read boundary), none wrong",
 			sc.Rollouts-sc.GymRolloutSpans, sc.Rollouts)
 	}
-	return sc, elapsed
 }
 
 // waitTruth reads the truth once every process has flushed what it logged

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -241,8 +242,13 @@ func (g *gymtrace) metrics(t testing.TB) map[string]float64 {
 		t.Fatalf("scraping gymtrace's metrics: %v", err)
 	}
 	defer resp.Body.Close()
+	return parseMetrics(resp.Body)
+}
+
+// parseMetrics reads a Prometheus text scrape: series (name{labels}) -> value.
+func parseMetrics(r io.Reader) map[string]float64 {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
