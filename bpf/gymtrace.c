@@ -20,6 +20,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 // Contract types that no map names are kept in BTF so bpf2go generates them.
 struct http_event gt_contract_http_event __attribute__((unused));
 struct proc_event gt_contract_proc_event __attribute__((unused));
+struct genai_event gt_contract_genai_event __attribute__((unused));
+enum gt_genai_dialect gt_contract_genai_dialect __attribute__((unused));
+enum gt_genai_have gt_contract_genai_have __attribute__((unused));
 enum gt_sandbox_provider gt_contract_provider __attribute__((unused));
 enum gt_sandbox_verb gt_contract_verb __attribute__((unused));
 enum gt_target_flag gt_contract_target_flag __attribute__((unused));

@@ -22,6 +22,7 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 	d->upgrade = 0;
 	d->scan_rollout = 0;
 	d->scan_reward = 0;
+	d->scan_genai = 0;
 	d->remaining = 0;
 	d->body_len = 0;
 	d->start_ns = now;
@@ -37,6 +38,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	c->skip_ring &= ~bit;
 	c->emitted_ring &= ~bit;
 	c->reward_ring &= ~bit;
+	c->genai_ring &= ~bit;
 	if (method == GT_M_HEAD)
 		c->head_ring |= bit;
 	else
@@ -122,6 +124,13 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	// reward (groups come from the route table on the server side only).
 	if ((groups & GT_GROUP_VERIFY) && (io->mask & GT_GROUP_VERIFY) && (io->cfg_flags & GT_CFG_REWARD))
 		c->reward_ring |= bit;
+	// A model call this server answers: its bodies are walked for model
+	// names and token counts (bpf/http_genai.h), for gym.model.* spans or
+	// for the rollout's totals. The route ("/v1/" then chat/completions,
+	// responses or messages) names the dialect.
+	if ((groups & GT_GROUP_MODEL_CALL) && (io->mask & (GT_GROUP_MODEL_CALL | GT_GROUP_ROLLOUT)) &&
+	    (io->cfg_flags & GT_CFG_GENAI))
+		gt_genai_begin(c, idx);
 	io->hdr_first = 1;
 	gt_prof_end(GT_PROF_START_REQ, t0);
 	return gt_headers(c, io, ubuf, avail);
@@ -166,6 +175,7 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	c->resp_flags = 0;
 	// Only a success carries a reward; an error answer is not a miss.
 	d->scan_reward = ((c->reward_ring >> (idx & 63)) & 1) && status >= 200 && status < 300;
+	d->scan_genai = ((c->genai_ring >> (idx & 63)) & 1) && status >= 200 && status < 300;
 	io->hdr_first = 1;
 	return gt_headers(c, io, ubuf, avail);
 }
@@ -182,6 +192,7 @@ __noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 		return -1;
 	sc->loops.chunk_off = off;
 	sc->loops.chunk_err = 0;
+	sc->loops.ga_len = 0;
 	int k;
 	gt_for(k, 0, GT_MAX_CHUNKS_PER_BUF)
 	{
@@ -190,14 +201,31 @@ __noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 			break;
 		__u32 avail = len - o;
 		if (d->chunk_phase != GT_CH_SIZE) {
-			__u64 take = d->remaining < avail ? d->remaining : avail;
-			d->remaining -= take;
+			__u64 rem = d->remaining;
+			__u64 take = rem < avail ? rem : avail;
+			d->remaining = rem - take;
 			sc->loops.chunk_off = o + take;
-			if (d->chunk_phase == GT_CH_DATA)
+			if (d->chunk_phase == GT_CH_DATA) {
 				d->body_len += take;
+				// The chunk's data, without the CRLF that ends it: a
+				// model exchange's is walked by gt_step, next, so the
+				// walk's frames are not under this one's.
+				__u64 data = rem > 2 ? rem - 2 : 0;
+				if (data > take)
+					data = take;
+				if (d->scan_genai && data) {
+					sc->loops.ga_ubuf = ubuf + o;
+					sc->loops.ga_len = (__u32)data;
+					if (d->remaining == 0)
+						d->chunk_phase = GT_CH_SIZE, d->body_len -= 2;
+					break;
+				}
+			}
 			if (d->remaining)
 				continue;
 			if (d->chunk_phase == GT_CH_LAST) {
+				if (d->scan_genai)
+					gt_genai_end(c, io, io->dir); // before the record it belongs to
 				gt_finish(c, d, io, GT_F_CHUNKED);
 				break;
 			}
@@ -416,6 +444,10 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 			__u64 t0 = gt_prof_begin();
 			extra = gt_scan_reward(ubuf + off, take);
 			gt_prof_end(GT_PROF_REWARD, t0);
+		} else if (d->scan_genai) {
+			gt_scan_genai(c->conn_id, io->dir, ubuf + off, take);
+			if (take == d->remaining)
+				gt_genai_end(c, io, io->dir); // before the record it belongs to
 		}
 		d->remaining -= take;
 		d->body_len += take;
@@ -426,8 +458,11 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 	case GT_PH_CHUNKED: {
 		int o = gt_chunks(c, io, ubuf, off, len);
 		struct gt_scratch *sc = gt_get_scratch();
-		if (o >= 0 && sc && !sc->loops.chunk_err)
+		if (o >= 0 && sc && !sc->loops.chunk_err) {
+			if (sc->loops.ga_len)
+				gt_scan_genai(c->conn_id, io->dir, sc->loops.ga_ubuf, sc->loops.ga_len);
 			return o - off;
+		}
 		// A chunk the parser cannot follow: the rest of the buffer is not
 		// followed (-1), or, at a chunk error, zero consumed and the next
 		// step looks for a start right here. One gt_finish for both: two
@@ -510,6 +545,8 @@ __noinline int gt_iov_rest(struct gt_conn *c, struct gt_io *io, __u64 left)
 	if (!c || !io)
 		return 0;
 	struct gt_dir *d = &c->dir[io->dir & 1];
+	if (d->scan_genai)
+		gt_genai_cut(c->conn_id, io->dir); // bytes of its body not walked
 	if (d->phase == GT_PH_BODY_EOF) {
 		d->body_len += left;
 		return 0;

@@ -12,6 +12,7 @@
 #include "http_reward.h" // the reward of /verify responses (message.h)
 #include "python.h"
 #include "io.h" // struct gt_io: one traced read or write
+#include "http_genai.h" // model names and token counts of model exchanges (message.h)
 
 #include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
 

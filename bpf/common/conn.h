@@ -41,6 +41,8 @@ struct gt_dir {
 	// The TCP stream position just past the last bytes the parser followed in
 	// this direction (gt_pos_check), when gt_conn.pos_ok says it is known.
 	__u32 next_pos;
+	__u8 scan_genai;   // walk this model exchange's body for its GenAI values (genai_ring, bpf/http_genai.h)
+	__u8 _pad[7];
 	__u64 remaining;
 	__u64 body_len;
 	__u64 start_ns;
@@ -67,6 +69,10 @@ struct gt_conn {
 	// GT_CFG_REWARD) whose response body is scanned for its reward. Kept per
 	// request because a pipelined next request may have replaced req.
 	__u64 reward_ring;
+	// bit (i % 64): request i is a model call (model_call's routes on a
+	// model server, model_call or rollout enabled, GT_CFG_GENAI) whose
+	// bodies are walked for model names and token counts.
+	__u64 genai_ring;
 	struct gt_dir dir[2]; // [0] = bytes read, [1] = bytes written
 	struct gt_tuple tuple;
 	__u64 last_resp_ctx; // asyncio context that started the last response (a spawner candidate)

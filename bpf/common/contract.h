@@ -13,6 +13,7 @@
 #define GT_ROLLOUT_ID_MAX 48
 #define GT_REWARD_MAX 24 // the text of a /verify response's reward number (bpf/http_reward.h, gt_scan_reward)
 #define GT_ROUTE_PATH_MAX 60
+#define GT_MODEL_MAX 128 // a model name read from a model exchange's body (bpf/http_genai.h)
 #define GT_MAX_ROLES 8
 
 enum gt_event_kind {
@@ -24,6 +25,44 @@ enum gt_event_kind {
 	GT_EV_PROC_EXIT = 6, // a target process exited
 	GT_EV_SANDBOX_START = 7, // a target's child exec'd a sandbox provider CLI
 	GT_EV_SANDBOX_END = 8,   // ... and exited
+	GT_EV_GENAI = 9,         // the GenAI values of a model exchange (struct genai_event), just before its response
+};
+
+// The API a model server's route speaks (struct genai_event dialect).
+enum gt_genai_dialect {
+	GT_GENAI_NONE = 0,
+	GT_GENAI_CHAT = 1,      // /v1/chat/completions: usage.prompt_tokens, usage.completion_tokens
+	GT_GENAI_RESPONSES = 2, // /v1/responses: usage.input_tokens, usage.output_tokens
+	GT_GENAI_MESSAGES = 3,  // /v1/messages: usage.input_tokens, usage.output_tokens
+};
+
+// Which values a genai_event holds (bit i: field i).
+enum gt_genai_have {
+	GT_GH_REQ_MODEL = 1 << 0,
+	GT_GH_RESP_MODEL = 1 << 1,
+	GT_GH_INPUT = 1 << 2,
+	GT_GH_OUTPUT = 1 << 3,
+};
+
+// The values the kernel read from a model exchange's bodies (server side;
+// bpf/http_genai.h): two model names and two counts, nothing else of the
+// bodies. Emitted right before the exchange's response record, so the
+// request it names (conn_id, seq) is still waiting for it in userspace.
+struct genai_event {
+	__u8 kind;    // GT_EV_GENAI
+	__u8 dialect; // enum gt_genai_dialect
+	__u8 have;    // enum gt_genai_have
+	__u8 sse;     // the response was an SSE stream
+	__u32 pid;
+	__u64 conn_id;
+	__u64 seq; // the request's index on its connection (http_event seq)
+	__u32 input_tokens;
+	__u32 output_tokens;
+	__u16 req_model_len;
+	__u16 resp_model_len;
+	__u32 _pad;
+	__u8 req_model[GT_MODEL_MAX];  // printable ASCII, req_model_len bytes
+	__u8 resp_model[GT_MODEL_MAX];
 };
 
 enum gt_sandbox_provider {
@@ -132,7 +171,14 @@ enum gt_stat {
 	GT_STAT_STREAM_GAP = 49,
 	// ... of those, gaps inside a Content-Length body: skipped exactly, nothing lost.
 	GT_STAT_STREAM_GAP_BODY = 50,
-	GT_STAT_MAX = 51,
+	// Model exchanges' GenAI fields (request model, response model, input
+	// and output tokens; bpf/http_genai.h), one count per field:
+	GT_STAT_GENAI_READ = 51,       // read
+	GT_STAT_GENAI_ABSENT = 52,     // not in the body (a stream without usage, an error answer's body)
+	GT_STAT_GENAI_AMBIGUOUS = 53,  // twice where once is meant, or events that disagree
+	GT_STAT_GENAI_MALFORMED = 54,  // not a model name (printable, <= 128 bytes, no escapes) or a count (integer < 2^31)
+	GT_STAT_GENAI_INCOMPLETE = 55, // bytes of the body not walked (framing lost, past the walk's reach), or its JSON unclosed
+	GT_STAT_MAX = 56,
 };
 
 struct gt_tuple {
@@ -243,6 +289,7 @@ enum gt_config_flag {
 	GT_CFG_NO_GATE = 1 << 1,     // benchmark mode: emit every message, filter in Go
 	GT_CFG_REWARD = 1 << 2,      // read the reward number from /verify response bodies (verify group)
 	GT_CFG_KEEP_UNSAMPLED = 1 << 3, // copy out inbound requests their caller did not sample: Gym's metrics count them
+	GT_CFG_GENAI = 1 << 4,       // read model names and token counts from model servers' bodies (model_call or rollout)
 };
 
 // Route table key: (role, method, path with any /ng-rollout/<id> prefix removed).
@@ -297,6 +344,7 @@ enum gt_prof_section {
 	GT_PROF_PEEK = 16,       // gt_peek_start + classify
 	GT_PROF_PY_UVWRITE = 17, // the uvloop write probe
 	GT_PROF_REWARD = 18,     // gt_scan_reward
+	GT_PROF_GENAI = 19,      // gt_scan_genai
 	GT_PROF_MAX = 24,
 };
 

@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bpfGenaiEvent struct {
+	_            structs.HostLayout
+	Kind         uint8
+	Dialect      uint8
+	Have         uint8
+	Sse          uint8
+	Pid          uint32
+	ConnId       uint64
+	Seq          uint64
+	InputTokens  uint32
+	OutputTokens uint32
+	ReqModelLen  uint16
+	RespModelLen uint16
+	Pad          uint32
+	ReqModel     [128]uint8
+	RespModel    [128]uint8
+}
+
 type bpfGtCause struct {
 	_    structs.HostLayout
 	Conn uint64
@@ -35,6 +53,7 @@ const (
 	bpfGtConfigFlagGT_CFG_NO_GATE        bpfGtConfigFlag = 2
 	bpfGtConfigFlagGT_CFG_REWARD         bpfGtConfigFlag = 4
 	bpfGtConfigFlagGT_CFG_KEEP_UNSAMPLED bpfGtConfigFlag = 8
+	bpfGtConfigFlagGT_CFG_GENAI          bpfGtConfigFlag = 16
 )
 
 type bpfGtConn struct {
@@ -51,6 +70,7 @@ type bpfGtConn struct {
 	HeadRing    uint64
 	EmittedRing uint64
 	RewardRing  uint64
+	GenaiRing   uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -64,6 +84,8 @@ type bpfGtConn struct {
 		ScanRollout uint8
 		ScanReward  uint8
 		NextPos     uint32
+		ScanGenai   uint8
+		Pad         [7]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -185,6 +207,7 @@ const (
 	bpfGtEventKindGT_EV_PROC_EXIT     bpfGtEventKind = 6
 	bpfGtEventKindGT_EV_SANDBOX_START bpfGtEventKind = 7
 	bpfGtEventKindGT_EV_SANDBOX_END   bpfGtEventKind = 8
+	bpfGtEventKindGT_EV_GENAI         bpfGtEventKind = 9
 )
 
 type bpfGtGap uint32
@@ -192,6 +215,69 @@ type bpfGtGap uint32
 const (
 	bpfGtGapGT_GAP_FRAMING bpfGtGap = 1
 	bpfGtGapGT_GAP_LOST    bpfGtGap = 2
+)
+
+type bpfGtGenai struct {
+	_  structs.HostLayout
+	Js [2]struct {
+		_       structs.HostLayout
+		Objmask uint64
+		Num     uint64
+		Pos     uint32
+		Vlen    uint16
+		Mode    uint8
+		Depth   uint8
+		InStr   uint8
+		Esc     uint8
+		Last    uint8
+		Kcap    uint8
+		Klen    uint8
+		Kmask   uint8
+		Pend    uint8
+		Colon   uint8
+		Vfield  uint8
+		Vint    uint8
+		Vdigits uint8
+		Vstr    uint8
+		Vcmp    uint8
+		Vbad    uint8
+		Col     uint8
+		Sse     uint8
+		Cut     uint8
+		Ctx     [4]uint8
+		Pad     [3]uint8
+	}
+	Seq     uint64
+	Dialect uint8
+	Have    uint8
+	Seen    uint8
+	Why     [4]uint8
+	Wdir    uint8
+	Wn      uint32
+	Wlen    uint32
+	Wubuf   uint64
+	Mlen    [2]uint16
+	Tok     [2]uint32
+	Model   [2][128]uint8
+	_       [4]byte
+}
+
+type bpfGtGenaiDialect uint32
+
+const (
+	bpfGtGenaiDialectGT_GENAI_NONE      bpfGtGenaiDialect = 0
+	bpfGtGenaiDialectGT_GENAI_CHAT      bpfGtGenaiDialect = 1
+	bpfGtGenaiDialectGT_GENAI_RESPONSES bpfGtGenaiDialect = 2
+	bpfGtGenaiDialectGT_GENAI_MESSAGES  bpfGtGenaiDialect = 3
+)
+
+type bpfGtGenaiHave uint32
+
+const (
+	bpfGtGenaiHaveGT_GH_REQ_MODEL  bpfGtGenaiHave = 1
+	bpfGtGenaiHaveGT_GH_RESP_MODEL bpfGtGenaiHave = 2
+	bpfGtGenaiHaveGT_GH_INPUT      bpfGtGenaiHave = 4
+	bpfGtGenaiHaveGT_GH_OUTPUT     bpfGtGenaiHave = 8
 )
 
 type bpfGtInjScan struct {
@@ -329,6 +415,7 @@ const (
 	bpfGtProfSectionGT_PROF_PEEK       bpfGtProfSection = 16
 	bpfGtProfSectionGT_PROF_PY_UVWRITE bpfGtProfSection = 17
 	bpfGtProfSectionGT_PROF_REWARD     bpfGtProfSection = 18
+	bpfGtProfSectionGT_PROF_GENAI      bpfGtProfSection = 19
 	bpfGtProfSectionGT_PROF_MAX        bpfGtProfSection = 24
 )
 
@@ -569,6 +656,9 @@ type bpfGtScratch struct {
 		ChunkErr uint8
 		Steps    uint8
 		Line     [16]uint8
+		GaUbuf   uint64
+		GaLen    uint32
+		PadGa    uint32
 	}
 	RouteKey bpfGtRouteKey
 	Rw       struct {
@@ -614,28 +704,33 @@ const (
 type bpfGtStat uint32
 
 const (
-	bpfGtStatGT_STAT_EMITTED         bpfGtStat = 0
-	bpfGtStatGT_STAT_DISCARDED       bpfGtStat = 16
-	bpfGtStatGT_STAT_RINGBUF_FULL    bpfGtStat = 32
-	bpfGtStatGT_STAT_NOT_HTTP        bpfGtStat = 33
-	bpfGtStatGT_STAT_PARSE_ERROR     bpfGtStat = 34
-	bpfGtStatGT_STAT_HDR_TRUNCATED   bpfGtStat = 35
-	bpfGtStatGT_STAT_CONN_FULL       bpfGtStat = 36
-	bpfGtStatGT_STAT_RESYNC          bpfGtStat = 37
-	bpfGtStatGT_STAT_SKIPPED_BYTES   bpfGtStat = 38
-	bpfGtStatGT_STAT_PROC_EVENTS     bpfGtStat = 39
-	bpfGtStatGT_STAT_TLS_CALLS       bpfGtStat = 40
-	bpfGtStatGT_STAT_TLS_EVENTS      bpfGtStat = 41
-	bpfGtStatGT_STAT_TLS_LINKED      bpfGtStat = 42
-	bpfGtStatGT_STAT_UNSAMPLED       bpfGtStat = 43
-	bpfGtStatGT_STAT_SCAN_REUSED     bpfGtStat = 44
-	bpfGtStatGT_STAT_FRESH           bpfGtStat = 45
-	bpfGtStatGT_STAT_REWARD_FOUND    bpfGtStat = 46
-	bpfGtStatGT_STAT_REWARD_MISSED   bpfGtStat = 47
-	bpfGtStatGT_STAT_SCAN_PREREAD    bpfGtStat = 48
-	bpfGtStatGT_STAT_STREAM_GAP      bpfGtStat = 49
-	bpfGtStatGT_STAT_STREAM_GAP_BODY bpfGtStat = 50
-	bpfGtStatGT_STAT_MAX             bpfGtStat = 51
+	bpfGtStatGT_STAT_EMITTED          bpfGtStat = 0
+	bpfGtStatGT_STAT_DISCARDED        bpfGtStat = 16
+	bpfGtStatGT_STAT_RINGBUF_FULL     bpfGtStat = 32
+	bpfGtStatGT_STAT_NOT_HTTP         bpfGtStat = 33
+	bpfGtStatGT_STAT_PARSE_ERROR      bpfGtStat = 34
+	bpfGtStatGT_STAT_HDR_TRUNCATED    bpfGtStat = 35
+	bpfGtStatGT_STAT_CONN_FULL        bpfGtStat = 36
+	bpfGtStatGT_STAT_RESYNC           bpfGtStat = 37
+	bpfGtStatGT_STAT_SKIPPED_BYTES    bpfGtStat = 38
+	bpfGtStatGT_STAT_PROC_EVENTS      bpfGtStat = 39
+	bpfGtStatGT_STAT_TLS_CALLS        bpfGtStat = 40
+	bpfGtStatGT_STAT_TLS_EVENTS       bpfGtStat = 41
+	bpfGtStatGT_STAT_TLS_LINKED       bpfGtStat = 42
+	bpfGtStatGT_STAT_UNSAMPLED        bpfGtStat = 43
+	bpfGtStatGT_STAT_SCAN_REUSED      bpfGtStat = 44
+	bpfGtStatGT_STAT_FRESH            bpfGtStat = 45
+	bpfGtStatGT_STAT_REWARD_FOUND     bpfGtStat = 46
+	bpfGtStatGT_STAT_REWARD_MISSED    bpfGtStat = 47
+	bpfGtStatGT_STAT_SCAN_PREREAD     bpfGtStat = 48
+	bpfGtStatGT_STAT_STREAM_GAP       bpfGtStat = 49
+	bpfGtStatGT_STAT_STREAM_GAP_BODY  bpfGtStat = 50
+	bpfGtStatGT_STAT_GENAI_READ       bpfGtStat = 51
+	bpfGtStatGT_STAT_GENAI_ABSENT     bpfGtStat = 52
+	bpfGtStatGT_STAT_GENAI_AMBIGUOUS  bpfGtStat = 53
+	bpfGtStatGT_STAT_GENAI_MALFORMED  bpfGtStat = 54
+	bpfGtStatGT_STAT_GENAI_INCOMPLETE bpfGtStat = 55
+	bpfGtStatGT_STAT_MAX              bpfGtStat = 56
 )
 
 type bpfGtTarget struct {
@@ -790,91 +885,96 @@ type bpfProcEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bpfMapGtConfig              = "gt_config"
-	bpfMapGtConns               = "gt_conns"
-	bpfMapGtEvents              = "gt_events"
-	bpfMapGtForkCauses          = "gt_fork_causes"
-	bpfMapGtInjectConfig        = "gt_inject_config"
-	bpfMapGtInjectPairs         = "gt_inject_pairs"
-	bpfMapGtInjectPending       = "gt_inject_pending"
-	bpfMapGtInjectProcs         = "gt_inject_procs"
-	bpfMapGtInjectRecs          = "gt_inject_recs"
-	bpfMapGtInjectScan          = "gt_inject_scan"
-	bpfMapGtInjectServing       = "gt_inject_serving"
-	bpfMapGtInjectSocks         = "gt_inject_socks"
-	bpfMapGtInjectStats         = "gt_inject_stats"
-	bpfMapGtIos                 = "gt_ios"
-	bpfMapGtProf                = "gt_prof"
-	bpfMapGtPyLinks             = "gt_py_links"
-	bpfMapGtPyProcs             = "gt_py_procs"
-	bpfMapGtPyScratch           = "gt_py_scratch"
-	bpfMapGtPySpawners          = "gt_py_spawners"
-	bpfMapGtPyStats             = "gt_py_stats"
-	bpfMapGtPyThreads           = "gt_py_threads"
-	bpfMapGtPyWbufs             = "gt_py_wbufs"
-	bpfMapGtRoutes              = "gt_routes"
-	bpfMapGtSandboxes           = "gt_sandboxes"
-	bpfMapGtScratch             = "gt_scratch"
-	bpfMapGtStats               = "gt_stats"
-	bpfMapGtTargetBits          = "gt_target_bits"
-	bpfMapGtTargets             = "gt_targets"
-	bpfMapGtTlsCalls            = "gt_tls_calls"
-	bpfMapGtTlsConns            = "gt_tls_conns"
-	bpfMapGtTlsIo               = "gt_tls_io"
-	bpfMapGtTlsPending          = "gt_tls_pending"
-	bpfMapGtTraceCtxs           = "gt_trace_ctxs"
-	bpfMapGtUprobeTails         = "gt_uprobe_tails"
-	bpfProgGtEnterClose         = "gt_enter_close"
-	bpfProgGtExec               = "gt_exec"
-	bpfProgGtExit               = "gt_exit"
-	bpfProgGtExitRead           = "gt_exit_read"
-	bpfProgGtExitReadv          = "gt_exit_readv"
-	bpfProgGtExitRecvfrom       = "gt_exit_recvfrom"
-	bpfProgGtExitRecvmsg        = "gt_exit_recvmsg"
-	bpfProgGtExitSendmsg        = "gt_exit_sendmsg"
-	bpfProgGtExitSendto         = "gt_exit_sendto"
-	bpfProgGtExitWrite          = "gt_exit_write"
-	bpfProgGtExitWritev         = "gt_exit_writev"
-	bpfProgGtFork               = "gt_fork"
-	bpfProgGtInjectEnterSendmsg = "gt_inject_enter_sendmsg"
-	bpfProgGtInjectEnterSendto  = "gt_inject_enter_sendto"
-	bpfProgGtInjectEnterWrite   = "gt_inject_enter_write"
-	bpfProgGtInjectEnterWritev  = "gt_inject_enter_writev"
-	bpfProgGtInjectMsg          = "gt_inject_msg"
-	bpfProgGtInjectSockops      = "gt_inject_sockops"
-	bpfProgGtPyCopyRet          = "gt_py_copy_ret"
-	bpfProgGtPyCopySite         = "gt_py_copy_site"
-	bpfProgGtPyUvWrite          = "gt_py_uv_write"
-	bpfProgGtTlsFree            = "gt_tls_free"
-	bpfProgGtTlsHandshake       = "gt_tls_handshake"
-	bpfProgGtTlsRwEntry         = "gt_tls_rw_entry"
-	bpfProgGtTlsRwRet           = "gt_tls_rw_ret"
-	bpfVarGtContractCfgFlag     = "gt_contract_cfg_flag"
-	bpfVarGtContractFlag        = "gt_contract_flag"
-	bpfVarGtContractGap         = "gt_contract_gap"
-	bpfVarGtContractHttpEvent   = "gt_contract_http_event"
-	bpfVarGtContractInjectCfg   = "gt_contract_inject_cfg"
-	bpfVarGtContractInjectStat  = "gt_contract_inject_stat"
-	bpfVarGtContractKind        = "gt_contract_kind"
-	bpfVarGtContractMethod      = "gt_contract_method"
-	bpfVarGtContractProcEvent   = "gt_contract_proc_event"
-	bpfVarGtContractProf        = "gt_contract_prof"
-	bpfVarGtContractProvider    = "gt_contract_provider"
-	bpfVarGtContractPyReg       = "gt_contract_py_reg"
-	bpfVarGtContractPySiteFlag  = "gt_contract_py_site_flag"
-	bpfVarGtContractPyStatus    = "gt_contract_py_status"
-	bpfVarGtContractRole        = "gt_contract_role"
-	bpfVarGtContractSide        = "gt_contract_side"
-	bpfVarGtContractStat        = "gt_contract_stat"
-	bpfVarGtContractTargetFlag  = "gt_contract_target_flag"
-	bpfVarGtContractTraceCtx    = "gt_contract_trace_ctx"
-	bpfVarGtContractVerb        = "gt_contract_verb"
-	bpfVarGtNever               = "gt_never"
-	bpfVarGtNextConnId          = "gt_next_conn_id"
-	bpfVarGtProfSkip            = "gt_prof_skip"
-	bpfVarGtProfTime            = "gt_prof_time"
-	bpfVarGtTlsPin              = "gt_tls_pin"
-	bpfVarGtWakeupBytes         = "gt_wakeup_bytes"
+	bpfMapGtConfig               = "gt_config"
+	bpfMapGtConns                = "gt_conns"
+	bpfMapGtEvents               = "gt_events"
+	bpfMapGtForkCauses           = "gt_fork_causes"
+	bpfMapGtGenai                = "gt_genai"
+	bpfMapGtGenaiZero            = "gt_genai_zero"
+	bpfMapGtInjectConfig         = "gt_inject_config"
+	bpfMapGtInjectPairs          = "gt_inject_pairs"
+	bpfMapGtInjectPending        = "gt_inject_pending"
+	bpfMapGtInjectProcs          = "gt_inject_procs"
+	bpfMapGtInjectRecs           = "gt_inject_recs"
+	bpfMapGtInjectScan           = "gt_inject_scan"
+	bpfMapGtInjectServing        = "gt_inject_serving"
+	bpfMapGtInjectSocks          = "gt_inject_socks"
+	bpfMapGtInjectStats          = "gt_inject_stats"
+	bpfMapGtIos                  = "gt_ios"
+	bpfMapGtProf                 = "gt_prof"
+	bpfMapGtPyLinks              = "gt_py_links"
+	bpfMapGtPyProcs              = "gt_py_procs"
+	bpfMapGtPyScratch            = "gt_py_scratch"
+	bpfMapGtPySpawners           = "gt_py_spawners"
+	bpfMapGtPyStats              = "gt_py_stats"
+	bpfMapGtPyThreads            = "gt_py_threads"
+	bpfMapGtPyWbufs              = "gt_py_wbufs"
+	bpfMapGtRoutes               = "gt_routes"
+	bpfMapGtSandboxes            = "gt_sandboxes"
+	bpfMapGtScratch              = "gt_scratch"
+	bpfMapGtStats                = "gt_stats"
+	bpfMapGtTargetBits           = "gt_target_bits"
+	bpfMapGtTargets              = "gt_targets"
+	bpfMapGtTlsCalls             = "gt_tls_calls"
+	bpfMapGtTlsConns             = "gt_tls_conns"
+	bpfMapGtTlsIo                = "gt_tls_io"
+	bpfMapGtTlsPending           = "gt_tls_pending"
+	bpfMapGtTraceCtxs            = "gt_trace_ctxs"
+	bpfMapGtUprobeTails          = "gt_uprobe_tails"
+	bpfProgGtEnterClose          = "gt_enter_close"
+	bpfProgGtExec                = "gt_exec"
+	bpfProgGtExit                = "gt_exit"
+	bpfProgGtExitRead            = "gt_exit_read"
+	bpfProgGtExitReadv           = "gt_exit_readv"
+	bpfProgGtExitRecvfrom        = "gt_exit_recvfrom"
+	bpfProgGtExitRecvmsg         = "gt_exit_recvmsg"
+	bpfProgGtExitSendmsg         = "gt_exit_sendmsg"
+	bpfProgGtExitSendto          = "gt_exit_sendto"
+	bpfProgGtExitWrite           = "gt_exit_write"
+	bpfProgGtExitWritev          = "gt_exit_writev"
+	bpfProgGtFork                = "gt_fork"
+	bpfProgGtInjectEnterSendmsg  = "gt_inject_enter_sendmsg"
+	bpfProgGtInjectEnterSendto   = "gt_inject_enter_sendto"
+	bpfProgGtInjectEnterWrite    = "gt_inject_enter_write"
+	bpfProgGtInjectEnterWritev   = "gt_inject_enter_writev"
+	bpfProgGtInjectMsg           = "gt_inject_msg"
+	bpfProgGtInjectSockops       = "gt_inject_sockops"
+	bpfProgGtPyCopyRet           = "gt_py_copy_ret"
+	bpfProgGtPyCopySite          = "gt_py_copy_site"
+	bpfProgGtPyUvWrite           = "gt_py_uv_write"
+	bpfProgGtTlsFree             = "gt_tls_free"
+	bpfProgGtTlsHandshake        = "gt_tls_handshake"
+	bpfProgGtTlsRwEntry          = "gt_tls_rw_entry"
+	bpfProgGtTlsRwRet            = "gt_tls_rw_ret"
+	bpfVarGtContractCfgFlag      = "gt_contract_cfg_flag"
+	bpfVarGtContractFlag         = "gt_contract_flag"
+	bpfVarGtContractGap          = "gt_contract_gap"
+	bpfVarGtContractGenaiDialect = "gt_contract_genai_dialect"
+	bpfVarGtContractGenaiEvent   = "gt_contract_genai_event"
+	bpfVarGtContractGenaiHave    = "gt_contract_genai_have"
+	bpfVarGtContractHttpEvent    = "gt_contract_http_event"
+	bpfVarGtContractInjectCfg    = "gt_contract_inject_cfg"
+	bpfVarGtContractInjectStat   = "gt_contract_inject_stat"
+	bpfVarGtContractKind         = "gt_contract_kind"
+	bpfVarGtContractMethod       = "gt_contract_method"
+	bpfVarGtContractProcEvent    = "gt_contract_proc_event"
+	bpfVarGtContractProf         = "gt_contract_prof"
+	bpfVarGtContractProvider     = "gt_contract_provider"
+	bpfVarGtContractPyReg        = "gt_contract_py_reg"
+	bpfVarGtContractPySiteFlag   = "gt_contract_py_site_flag"
+	bpfVarGtContractPyStatus     = "gt_contract_py_status"
+	bpfVarGtContractRole         = "gt_contract_role"
+	bpfVarGtContractSide         = "gt_contract_side"
+	bpfVarGtContractStat         = "gt_contract_stat"
+	bpfVarGtContractTargetFlag   = "gt_contract_target_flag"
+	bpfVarGtContractTraceCtx     = "gt_contract_trace_ctx"
+	bpfVarGtContractVerb         = "gt_contract_verb"
+	bpfVarGtNever                = "gt_never"
+	bpfVarGtNextConnId           = "gt_next_conn_id"
+	bpfVarGtProfSkip             = "gt_prof_skip"
+	bpfVarGtProfTime             = "gt_prof_time"
+	bpfVarGtTlsPin               = "gt_tls_pin"
+	bpfVarGtWakeupBytes          = "gt_wakeup_bytes"
 )
 
 // loadBpf returns the embedded CollectionSpec for bpf.
@@ -954,6 +1054,8 @@ type bpfMapSpecs struct {
 	GtConns         *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
 	GtForkCauses    *ebpf.MapSpec `ebpf:"gt_fork_causes"`
+	GtGenai         *ebpf.MapSpec `ebpf:"gt_genai"`
+	GtGenaiZero     *ebpf.MapSpec `ebpf:"gt_genai_zero"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
 	GtInjectPairs   *ebpf.MapSpec `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
@@ -990,32 +1092,35 @@ type bpfMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfVariableSpecs struct {
-	GtContractCfgFlag    *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
-	GtContractFlag       *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
-	GtContractGap        *ebpf.VariableSpec `ebpf:"gt_contract_gap"`
-	GtContractHttpEvent  *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
-	GtContractInjectCfg  *ebpf.VariableSpec `ebpf:"gt_contract_inject_cfg"`
-	GtContractInjectStat *ebpf.VariableSpec `ebpf:"gt_contract_inject_stat"`
-	GtContractKind       *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
-	GtContractMethod     *ebpf.VariableSpec `ebpf:"gt_contract_method"`
-	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
-	GtContractProf       *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
-	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
-	GtContractPyReg      *ebpf.VariableSpec `ebpf:"gt_contract_py_reg"`
-	GtContractPySiteFlag *ebpf.VariableSpec `ebpf:"gt_contract_py_site_flag"`
-	GtContractPyStatus   *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
-	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
-	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
-	GtContractStat       *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
-	GtContractTargetFlag *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
-	GtContractTraceCtx   *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
-	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
-	GtNever              *ebpf.VariableSpec `ebpf:"gt_never"`
-	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
-	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
-	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
-	GtTlsPin             *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
-	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
+	GtContractCfgFlag      *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
+	GtContractFlag         *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
+	GtContractGap          *ebpf.VariableSpec `ebpf:"gt_contract_gap"`
+	GtContractGenaiDialect *ebpf.VariableSpec `ebpf:"gt_contract_genai_dialect"`
+	GtContractGenaiEvent   *ebpf.VariableSpec `ebpf:"gt_contract_genai_event"`
+	GtContractGenaiHave    *ebpf.VariableSpec `ebpf:"gt_contract_genai_have"`
+	GtContractHttpEvent    *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
+	GtContractInjectCfg    *ebpf.VariableSpec `ebpf:"gt_contract_inject_cfg"`
+	GtContractInjectStat   *ebpf.VariableSpec `ebpf:"gt_contract_inject_stat"`
+	GtContractKind         *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
+	GtContractMethod       *ebpf.VariableSpec `ebpf:"gt_contract_method"`
+	GtContractProcEvent    *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
+	GtContractProf         *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
+	GtContractProvider     *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
+	GtContractPyReg        *ebpf.VariableSpec `ebpf:"gt_contract_py_reg"`
+	GtContractPySiteFlag   *ebpf.VariableSpec `ebpf:"gt_contract_py_site_flag"`
+	GtContractPyStatus     *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
+	GtContractRole         *ebpf.VariableSpec `ebpf:"gt_contract_role"`
+	GtContractSide         *ebpf.VariableSpec `ebpf:"gt_contract_side"`
+	GtContractStat         *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
+	GtContractTargetFlag   *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
+	GtContractTraceCtx     *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
+	GtContractVerb         *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
+	GtNever                *ebpf.VariableSpec `ebpf:"gt_never"`
+	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
+	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
 // bpfObjects contains all objects after they have been loaded into the kernel.
@@ -1042,6 +1147,8 @@ type bpfMaps struct {
 	GtConns         *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents        *ebpf.Map `ebpf:"gt_events"`
 	GtForkCauses    *ebpf.Map `ebpf:"gt_fork_causes"`
+	GtGenai         *ebpf.Map `ebpf:"gt_genai"`
+	GtGenaiZero     *ebpf.Map `ebpf:"gt_genai_zero"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
 	GtInjectPairs   *ebpf.Map `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
@@ -1080,6 +1187,8 @@ func (m *bpfMaps) Close() error {
 		m.GtConns,
 		m.GtEvents,
 		m.GtForkCauses,
+		m.GtGenai,
+		m.GtGenaiZero,
 		m.GtInjectConfig,
 		m.GtInjectPairs,
 		m.GtInjectPending,
@@ -1117,32 +1226,35 @@ func (m *bpfMaps) Close() error {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfVariables struct {
-	GtContractCfgFlag    *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
-	GtContractFlag       *ebpf.Variable `ebpf:"gt_contract_flag"`
-	GtContractGap        *ebpf.Variable `ebpf:"gt_contract_gap"`
-	GtContractHttpEvent  *ebpf.Variable `ebpf:"gt_contract_http_event"`
-	GtContractInjectCfg  *ebpf.Variable `ebpf:"gt_contract_inject_cfg"`
-	GtContractInjectStat *ebpf.Variable `ebpf:"gt_contract_inject_stat"`
-	GtContractKind       *ebpf.Variable `ebpf:"gt_contract_kind"`
-	GtContractMethod     *ebpf.Variable `ebpf:"gt_contract_method"`
-	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
-	GtContractProf       *ebpf.Variable `ebpf:"gt_contract_prof"`
-	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
-	GtContractPyReg      *ebpf.Variable `ebpf:"gt_contract_py_reg"`
-	GtContractPySiteFlag *ebpf.Variable `ebpf:"gt_contract_py_site_flag"`
-	GtContractPyStatus   *ebpf.Variable `ebpf:"gt_contract_py_status"`
-	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
-	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
-	GtContractStat       *ebpf.Variable `ebpf:"gt_contract_stat"`
-	GtContractTargetFlag *ebpf.Variable `ebpf:"gt_contract_target_flag"`
-	GtContractTraceCtx   *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
-	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
-	GtNever              *ebpf.Variable `ebpf:"gt_never"`
-	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
-	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
-	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
-	GtTlsPin             *ebpf.Variable `ebpf:"gt_tls_pin"`
-	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
+	GtContractCfgFlag      *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
+	GtContractFlag         *ebpf.Variable `ebpf:"gt_contract_flag"`
+	GtContractGap          *ebpf.Variable `ebpf:"gt_contract_gap"`
+	GtContractGenaiDialect *ebpf.Variable `ebpf:"gt_contract_genai_dialect"`
+	GtContractGenaiEvent   *ebpf.Variable `ebpf:"gt_contract_genai_event"`
+	GtContractGenaiHave    *ebpf.Variable `ebpf:"gt_contract_genai_have"`
+	GtContractHttpEvent    *ebpf.Variable `ebpf:"gt_contract_http_event"`
+	GtContractInjectCfg    *ebpf.Variable `ebpf:"gt_contract_inject_cfg"`
+	GtContractInjectStat   *ebpf.Variable `ebpf:"gt_contract_inject_stat"`
+	GtContractKind         *ebpf.Variable `ebpf:"gt_contract_kind"`
+	GtContractMethod       *ebpf.Variable `ebpf:"gt_contract_method"`
+	GtContractProcEvent    *ebpf.Variable `ebpf:"gt_contract_proc_event"`
+	GtContractProf         *ebpf.Variable `ebpf:"gt_contract_prof"`
+	GtContractProvider     *ebpf.Variable `ebpf:"gt_contract_provider"`
+	GtContractPyReg        *ebpf.Variable `ebpf:"gt_contract_py_reg"`
+	GtContractPySiteFlag   *ebpf.Variable `ebpf:"gt_contract_py_site_flag"`
+	GtContractPyStatus     *ebpf.Variable `ebpf:"gt_contract_py_status"`
+	GtContractRole         *ebpf.Variable `ebpf:"gt_contract_role"`
+	GtContractSide         *ebpf.Variable `ebpf:"gt_contract_side"`
+	GtContractStat         *ebpf.Variable `ebpf:"gt_contract_stat"`
+	GtContractTargetFlag   *ebpf.Variable `ebpf:"gt_contract_target_flag"`
+	GtContractTraceCtx     *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
+	GtContractVerb         *ebpf.Variable `ebpf:"gt_contract_verb"`
+	GtNever                *ebpf.Variable `ebpf:"gt_never"`
+	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
+	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 
 // bpfPrograms contains all programs after they have been loaded into the kernel.

@@ -16,91 +16,96 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bpfboundedMapGtConfig              = "gt_config"
-	bpfboundedMapGtConns               = "gt_conns"
-	bpfboundedMapGtEvents              = "gt_events"
-	bpfboundedMapGtForkCauses          = "gt_fork_causes"
-	bpfboundedMapGtInjectConfig        = "gt_inject_config"
-	bpfboundedMapGtInjectPairs         = "gt_inject_pairs"
-	bpfboundedMapGtInjectPending       = "gt_inject_pending"
-	bpfboundedMapGtInjectProcs         = "gt_inject_procs"
-	bpfboundedMapGtInjectRecs          = "gt_inject_recs"
-	bpfboundedMapGtInjectScan          = "gt_inject_scan"
-	bpfboundedMapGtInjectServing       = "gt_inject_serving"
-	bpfboundedMapGtInjectSocks         = "gt_inject_socks"
-	bpfboundedMapGtInjectStats         = "gt_inject_stats"
-	bpfboundedMapGtIos                 = "gt_ios"
-	bpfboundedMapGtProf                = "gt_prof"
-	bpfboundedMapGtPyLinks             = "gt_py_links"
-	bpfboundedMapGtPyProcs             = "gt_py_procs"
-	bpfboundedMapGtPyScratch           = "gt_py_scratch"
-	bpfboundedMapGtPySpawners          = "gt_py_spawners"
-	bpfboundedMapGtPyStats             = "gt_py_stats"
-	bpfboundedMapGtPyThreads           = "gt_py_threads"
-	bpfboundedMapGtPyWbufs             = "gt_py_wbufs"
-	bpfboundedMapGtRoutes              = "gt_routes"
-	bpfboundedMapGtSandboxes           = "gt_sandboxes"
-	bpfboundedMapGtScratch             = "gt_scratch"
-	bpfboundedMapGtStats               = "gt_stats"
-	bpfboundedMapGtTargetBits          = "gt_target_bits"
-	bpfboundedMapGtTargets             = "gt_targets"
-	bpfboundedMapGtTlsCalls            = "gt_tls_calls"
-	bpfboundedMapGtTlsConns            = "gt_tls_conns"
-	bpfboundedMapGtTlsIo               = "gt_tls_io"
-	bpfboundedMapGtTlsPending          = "gt_tls_pending"
-	bpfboundedMapGtTraceCtxs           = "gt_trace_ctxs"
-	bpfboundedMapGtUprobeTails         = "gt_uprobe_tails"
-	bpfboundedProgGtEnterClose         = "gt_enter_close"
-	bpfboundedProgGtExec               = "gt_exec"
-	bpfboundedProgGtExit               = "gt_exit"
-	bpfboundedProgGtExitRead           = "gt_exit_read"
-	bpfboundedProgGtExitReadv          = "gt_exit_readv"
-	bpfboundedProgGtExitRecvfrom       = "gt_exit_recvfrom"
-	bpfboundedProgGtExitRecvmsg        = "gt_exit_recvmsg"
-	bpfboundedProgGtExitSendmsg        = "gt_exit_sendmsg"
-	bpfboundedProgGtExitSendto         = "gt_exit_sendto"
-	bpfboundedProgGtExitWrite          = "gt_exit_write"
-	bpfboundedProgGtExitWritev         = "gt_exit_writev"
-	bpfboundedProgGtFork               = "gt_fork"
-	bpfboundedProgGtInjectEnterSendmsg = "gt_inject_enter_sendmsg"
-	bpfboundedProgGtInjectEnterSendto  = "gt_inject_enter_sendto"
-	bpfboundedProgGtInjectEnterWrite   = "gt_inject_enter_write"
-	bpfboundedProgGtInjectEnterWritev  = "gt_inject_enter_writev"
-	bpfboundedProgGtInjectMsg          = "gt_inject_msg"
-	bpfboundedProgGtInjectSockops      = "gt_inject_sockops"
-	bpfboundedProgGtPyCopyRet          = "gt_py_copy_ret"
-	bpfboundedProgGtPyCopySite         = "gt_py_copy_site"
-	bpfboundedProgGtPyUvWrite          = "gt_py_uv_write"
-	bpfboundedProgGtTlsFree            = "gt_tls_free"
-	bpfboundedProgGtTlsHandshake       = "gt_tls_handshake"
-	bpfboundedProgGtTlsRwEntry         = "gt_tls_rw_entry"
-	bpfboundedProgGtTlsRwRet           = "gt_tls_rw_ret"
-	bpfboundedVarGtContractCfgFlag     = "gt_contract_cfg_flag"
-	bpfboundedVarGtContractFlag        = "gt_contract_flag"
-	bpfboundedVarGtContractGap         = "gt_contract_gap"
-	bpfboundedVarGtContractHttpEvent   = "gt_contract_http_event"
-	bpfboundedVarGtContractInjectCfg   = "gt_contract_inject_cfg"
-	bpfboundedVarGtContractInjectStat  = "gt_contract_inject_stat"
-	bpfboundedVarGtContractKind        = "gt_contract_kind"
-	bpfboundedVarGtContractMethod      = "gt_contract_method"
-	bpfboundedVarGtContractProcEvent   = "gt_contract_proc_event"
-	bpfboundedVarGtContractProf        = "gt_contract_prof"
-	bpfboundedVarGtContractProvider    = "gt_contract_provider"
-	bpfboundedVarGtContractPyReg       = "gt_contract_py_reg"
-	bpfboundedVarGtContractPySiteFlag  = "gt_contract_py_site_flag"
-	bpfboundedVarGtContractPyStatus    = "gt_contract_py_status"
-	bpfboundedVarGtContractRole        = "gt_contract_role"
-	bpfboundedVarGtContractSide        = "gt_contract_side"
-	bpfboundedVarGtContractStat        = "gt_contract_stat"
-	bpfboundedVarGtContractTargetFlag  = "gt_contract_target_flag"
-	bpfboundedVarGtContractTraceCtx    = "gt_contract_trace_ctx"
-	bpfboundedVarGtContractVerb        = "gt_contract_verb"
-	bpfboundedVarGtNever               = "gt_never"
-	bpfboundedVarGtNextConnId          = "gt_next_conn_id"
-	bpfboundedVarGtProfSkip            = "gt_prof_skip"
-	bpfboundedVarGtProfTime            = "gt_prof_time"
-	bpfboundedVarGtTlsPin              = "gt_tls_pin"
-	bpfboundedVarGtWakeupBytes         = "gt_wakeup_bytes"
+	bpfboundedMapGtConfig               = "gt_config"
+	bpfboundedMapGtConns                = "gt_conns"
+	bpfboundedMapGtEvents               = "gt_events"
+	bpfboundedMapGtForkCauses           = "gt_fork_causes"
+	bpfboundedMapGtGenai                = "gt_genai"
+	bpfboundedMapGtGenaiZero            = "gt_genai_zero"
+	bpfboundedMapGtInjectConfig         = "gt_inject_config"
+	bpfboundedMapGtInjectPairs          = "gt_inject_pairs"
+	bpfboundedMapGtInjectPending        = "gt_inject_pending"
+	bpfboundedMapGtInjectProcs          = "gt_inject_procs"
+	bpfboundedMapGtInjectRecs           = "gt_inject_recs"
+	bpfboundedMapGtInjectScan           = "gt_inject_scan"
+	bpfboundedMapGtInjectServing        = "gt_inject_serving"
+	bpfboundedMapGtInjectSocks          = "gt_inject_socks"
+	bpfboundedMapGtInjectStats          = "gt_inject_stats"
+	bpfboundedMapGtIos                  = "gt_ios"
+	bpfboundedMapGtProf                 = "gt_prof"
+	bpfboundedMapGtPyLinks              = "gt_py_links"
+	bpfboundedMapGtPyProcs              = "gt_py_procs"
+	bpfboundedMapGtPyScratch            = "gt_py_scratch"
+	bpfboundedMapGtPySpawners           = "gt_py_spawners"
+	bpfboundedMapGtPyStats              = "gt_py_stats"
+	bpfboundedMapGtPyThreads            = "gt_py_threads"
+	bpfboundedMapGtPyWbufs              = "gt_py_wbufs"
+	bpfboundedMapGtRoutes               = "gt_routes"
+	bpfboundedMapGtSandboxes            = "gt_sandboxes"
+	bpfboundedMapGtScratch              = "gt_scratch"
+	bpfboundedMapGtStats                = "gt_stats"
+	bpfboundedMapGtTargetBits           = "gt_target_bits"
+	bpfboundedMapGtTargets              = "gt_targets"
+	bpfboundedMapGtTlsCalls             = "gt_tls_calls"
+	bpfboundedMapGtTlsConns             = "gt_tls_conns"
+	bpfboundedMapGtTlsIo                = "gt_tls_io"
+	bpfboundedMapGtTlsPending           = "gt_tls_pending"
+	bpfboundedMapGtTraceCtxs            = "gt_trace_ctxs"
+	bpfboundedMapGtUprobeTails          = "gt_uprobe_tails"
+	bpfboundedProgGtEnterClose          = "gt_enter_close"
+	bpfboundedProgGtExec                = "gt_exec"
+	bpfboundedProgGtExit                = "gt_exit"
+	bpfboundedProgGtExitRead            = "gt_exit_read"
+	bpfboundedProgGtExitReadv           = "gt_exit_readv"
+	bpfboundedProgGtExitRecvfrom        = "gt_exit_recvfrom"
+	bpfboundedProgGtExitRecvmsg         = "gt_exit_recvmsg"
+	bpfboundedProgGtExitSendmsg         = "gt_exit_sendmsg"
+	bpfboundedProgGtExitSendto          = "gt_exit_sendto"
+	bpfboundedProgGtExitWrite           = "gt_exit_write"
+	bpfboundedProgGtExitWritev          = "gt_exit_writev"
+	bpfboundedProgGtFork                = "gt_fork"
+	bpfboundedProgGtInjectEnterSendmsg  = "gt_inject_enter_sendmsg"
+	bpfboundedProgGtInjectEnterSendto   = "gt_inject_enter_sendto"
+	bpfboundedProgGtInjectEnterWrite    = "gt_inject_enter_write"
+	bpfboundedProgGtInjectEnterWritev   = "gt_inject_enter_writev"
+	bpfboundedProgGtInjectMsg           = "gt_inject_msg"
+	bpfboundedProgGtInjectSockops       = "gt_inject_sockops"
+	bpfboundedProgGtPyCopyRet           = "gt_py_copy_ret"
+	bpfboundedProgGtPyCopySite          = "gt_py_copy_site"
+	bpfboundedProgGtPyUvWrite           = "gt_py_uv_write"
+	bpfboundedProgGtTlsFree             = "gt_tls_free"
+	bpfboundedProgGtTlsHandshake        = "gt_tls_handshake"
+	bpfboundedProgGtTlsRwEntry          = "gt_tls_rw_entry"
+	bpfboundedProgGtTlsRwRet            = "gt_tls_rw_ret"
+	bpfboundedVarGtContractCfgFlag      = "gt_contract_cfg_flag"
+	bpfboundedVarGtContractFlag         = "gt_contract_flag"
+	bpfboundedVarGtContractGap          = "gt_contract_gap"
+	bpfboundedVarGtContractGenaiDialect = "gt_contract_genai_dialect"
+	bpfboundedVarGtContractGenaiEvent   = "gt_contract_genai_event"
+	bpfboundedVarGtContractGenaiHave    = "gt_contract_genai_have"
+	bpfboundedVarGtContractHttpEvent    = "gt_contract_http_event"
+	bpfboundedVarGtContractInjectCfg    = "gt_contract_inject_cfg"
+	bpfboundedVarGtContractInjectStat   = "gt_contract_inject_stat"
+	bpfboundedVarGtContractKind         = "gt_contract_kind"
+	bpfboundedVarGtContractMethod       = "gt_contract_method"
+	bpfboundedVarGtContractProcEvent    = "gt_contract_proc_event"
+	bpfboundedVarGtContractProf         = "gt_contract_prof"
+	bpfboundedVarGtContractProvider     = "gt_contract_provider"
+	bpfboundedVarGtContractPyReg        = "gt_contract_py_reg"
+	bpfboundedVarGtContractPySiteFlag   = "gt_contract_py_site_flag"
+	bpfboundedVarGtContractPyStatus     = "gt_contract_py_status"
+	bpfboundedVarGtContractRole         = "gt_contract_role"
+	bpfboundedVarGtContractSide         = "gt_contract_side"
+	bpfboundedVarGtContractStat         = "gt_contract_stat"
+	bpfboundedVarGtContractTargetFlag   = "gt_contract_target_flag"
+	bpfboundedVarGtContractTraceCtx     = "gt_contract_trace_ctx"
+	bpfboundedVarGtContractVerb         = "gt_contract_verb"
+	bpfboundedVarGtNever                = "gt_never"
+	bpfboundedVarGtNextConnId           = "gt_next_conn_id"
+	bpfboundedVarGtProfSkip             = "gt_prof_skip"
+	bpfboundedVarGtProfTime             = "gt_prof_time"
+	bpfboundedVarGtTlsPin               = "gt_tls_pin"
+	bpfboundedVarGtWakeupBytes          = "gt_wakeup_bytes"
 )
 
 // loadBpfbounded returns the embedded CollectionSpec for bpfbounded.
@@ -180,6 +185,8 @@ type bpfboundedMapSpecs struct {
 	GtConns         *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
 	GtForkCauses    *ebpf.MapSpec `ebpf:"gt_fork_causes"`
+	GtGenai         *ebpf.MapSpec `ebpf:"gt_genai"`
+	GtGenaiZero     *ebpf.MapSpec `ebpf:"gt_genai_zero"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
 	GtInjectPairs   *ebpf.MapSpec `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
@@ -216,32 +223,35 @@ type bpfboundedMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfboundedVariableSpecs struct {
-	GtContractCfgFlag    *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
-	GtContractFlag       *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
-	GtContractGap        *ebpf.VariableSpec `ebpf:"gt_contract_gap"`
-	GtContractHttpEvent  *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
-	GtContractInjectCfg  *ebpf.VariableSpec `ebpf:"gt_contract_inject_cfg"`
-	GtContractInjectStat *ebpf.VariableSpec `ebpf:"gt_contract_inject_stat"`
-	GtContractKind       *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
-	GtContractMethod     *ebpf.VariableSpec `ebpf:"gt_contract_method"`
-	GtContractProcEvent  *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
-	GtContractProf       *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
-	GtContractProvider   *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
-	GtContractPyReg      *ebpf.VariableSpec `ebpf:"gt_contract_py_reg"`
-	GtContractPySiteFlag *ebpf.VariableSpec `ebpf:"gt_contract_py_site_flag"`
-	GtContractPyStatus   *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
-	GtContractRole       *ebpf.VariableSpec `ebpf:"gt_contract_role"`
-	GtContractSide       *ebpf.VariableSpec `ebpf:"gt_contract_side"`
-	GtContractStat       *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
-	GtContractTargetFlag *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
-	GtContractTraceCtx   *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
-	GtContractVerb       *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
-	GtNever              *ebpf.VariableSpec `ebpf:"gt_never"`
-	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
-	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
-	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
-	GtTlsPin             *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
-	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
+	GtContractCfgFlag      *ebpf.VariableSpec `ebpf:"gt_contract_cfg_flag"`
+	GtContractFlag         *ebpf.VariableSpec `ebpf:"gt_contract_flag"`
+	GtContractGap          *ebpf.VariableSpec `ebpf:"gt_contract_gap"`
+	GtContractGenaiDialect *ebpf.VariableSpec `ebpf:"gt_contract_genai_dialect"`
+	GtContractGenaiEvent   *ebpf.VariableSpec `ebpf:"gt_contract_genai_event"`
+	GtContractGenaiHave    *ebpf.VariableSpec `ebpf:"gt_contract_genai_have"`
+	GtContractHttpEvent    *ebpf.VariableSpec `ebpf:"gt_contract_http_event"`
+	GtContractInjectCfg    *ebpf.VariableSpec `ebpf:"gt_contract_inject_cfg"`
+	GtContractInjectStat   *ebpf.VariableSpec `ebpf:"gt_contract_inject_stat"`
+	GtContractKind         *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
+	GtContractMethod       *ebpf.VariableSpec `ebpf:"gt_contract_method"`
+	GtContractProcEvent    *ebpf.VariableSpec `ebpf:"gt_contract_proc_event"`
+	GtContractProf         *ebpf.VariableSpec `ebpf:"gt_contract_prof"`
+	GtContractProvider     *ebpf.VariableSpec `ebpf:"gt_contract_provider"`
+	GtContractPyReg        *ebpf.VariableSpec `ebpf:"gt_contract_py_reg"`
+	GtContractPySiteFlag   *ebpf.VariableSpec `ebpf:"gt_contract_py_site_flag"`
+	GtContractPyStatus     *ebpf.VariableSpec `ebpf:"gt_contract_py_status"`
+	GtContractRole         *ebpf.VariableSpec `ebpf:"gt_contract_role"`
+	GtContractSide         *ebpf.VariableSpec `ebpf:"gt_contract_side"`
+	GtContractStat         *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
+	GtContractTargetFlag   *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
+	GtContractTraceCtx     *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
+	GtContractVerb         *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
+	GtNever                *ebpf.VariableSpec `ebpf:"gt_never"`
+	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
+	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
+	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
+	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
 // bpfboundedObjects contains all objects after they have been loaded into the kernel.
@@ -268,6 +278,8 @@ type bpfboundedMaps struct {
 	GtConns         *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents        *ebpf.Map `ebpf:"gt_events"`
 	GtForkCauses    *ebpf.Map `ebpf:"gt_fork_causes"`
+	GtGenai         *ebpf.Map `ebpf:"gt_genai"`
+	GtGenaiZero     *ebpf.Map `ebpf:"gt_genai_zero"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
 	GtInjectPairs   *ebpf.Map `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
@@ -306,6 +318,8 @@ func (m *bpfboundedMaps) Close() error {
 		m.GtConns,
 		m.GtEvents,
 		m.GtForkCauses,
+		m.GtGenai,
+		m.GtGenaiZero,
 		m.GtInjectConfig,
 		m.GtInjectPairs,
 		m.GtInjectPending,
@@ -343,32 +357,35 @@ func (m *bpfboundedMaps) Close() error {
 //
 // It can be passed to loadBpfboundedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfboundedVariables struct {
-	GtContractCfgFlag    *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
-	GtContractFlag       *ebpf.Variable `ebpf:"gt_contract_flag"`
-	GtContractGap        *ebpf.Variable `ebpf:"gt_contract_gap"`
-	GtContractHttpEvent  *ebpf.Variable `ebpf:"gt_contract_http_event"`
-	GtContractInjectCfg  *ebpf.Variable `ebpf:"gt_contract_inject_cfg"`
-	GtContractInjectStat *ebpf.Variable `ebpf:"gt_contract_inject_stat"`
-	GtContractKind       *ebpf.Variable `ebpf:"gt_contract_kind"`
-	GtContractMethod     *ebpf.Variable `ebpf:"gt_contract_method"`
-	GtContractProcEvent  *ebpf.Variable `ebpf:"gt_contract_proc_event"`
-	GtContractProf       *ebpf.Variable `ebpf:"gt_contract_prof"`
-	GtContractProvider   *ebpf.Variable `ebpf:"gt_contract_provider"`
-	GtContractPyReg      *ebpf.Variable `ebpf:"gt_contract_py_reg"`
-	GtContractPySiteFlag *ebpf.Variable `ebpf:"gt_contract_py_site_flag"`
-	GtContractPyStatus   *ebpf.Variable `ebpf:"gt_contract_py_status"`
-	GtContractRole       *ebpf.Variable `ebpf:"gt_contract_role"`
-	GtContractSide       *ebpf.Variable `ebpf:"gt_contract_side"`
-	GtContractStat       *ebpf.Variable `ebpf:"gt_contract_stat"`
-	GtContractTargetFlag *ebpf.Variable `ebpf:"gt_contract_target_flag"`
-	GtContractTraceCtx   *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
-	GtContractVerb       *ebpf.Variable `ebpf:"gt_contract_verb"`
-	GtNever              *ebpf.Variable `ebpf:"gt_never"`
-	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
-	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
-	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
-	GtTlsPin             *ebpf.Variable `ebpf:"gt_tls_pin"`
-	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
+	GtContractCfgFlag      *ebpf.Variable `ebpf:"gt_contract_cfg_flag"`
+	GtContractFlag         *ebpf.Variable `ebpf:"gt_contract_flag"`
+	GtContractGap          *ebpf.Variable `ebpf:"gt_contract_gap"`
+	GtContractGenaiDialect *ebpf.Variable `ebpf:"gt_contract_genai_dialect"`
+	GtContractGenaiEvent   *ebpf.Variable `ebpf:"gt_contract_genai_event"`
+	GtContractGenaiHave    *ebpf.Variable `ebpf:"gt_contract_genai_have"`
+	GtContractHttpEvent    *ebpf.Variable `ebpf:"gt_contract_http_event"`
+	GtContractInjectCfg    *ebpf.Variable `ebpf:"gt_contract_inject_cfg"`
+	GtContractInjectStat   *ebpf.Variable `ebpf:"gt_contract_inject_stat"`
+	GtContractKind         *ebpf.Variable `ebpf:"gt_contract_kind"`
+	GtContractMethod       *ebpf.Variable `ebpf:"gt_contract_method"`
+	GtContractProcEvent    *ebpf.Variable `ebpf:"gt_contract_proc_event"`
+	GtContractProf         *ebpf.Variable `ebpf:"gt_contract_prof"`
+	GtContractProvider     *ebpf.Variable `ebpf:"gt_contract_provider"`
+	GtContractPyReg        *ebpf.Variable `ebpf:"gt_contract_py_reg"`
+	GtContractPySiteFlag   *ebpf.Variable `ebpf:"gt_contract_py_site_flag"`
+	GtContractPyStatus     *ebpf.Variable `ebpf:"gt_contract_py_status"`
+	GtContractRole         *ebpf.Variable `ebpf:"gt_contract_role"`
+	GtContractSide         *ebpf.Variable `ebpf:"gt_contract_side"`
+	GtContractStat         *ebpf.Variable `ebpf:"gt_contract_stat"`
+	GtContractTargetFlag   *ebpf.Variable `ebpf:"gt_contract_target_flag"`
+	GtContractTraceCtx     *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
+	GtContractVerb         *ebpf.Variable `ebpf:"gt_contract_verb"`
+	GtNever                *ebpf.Variable `ebpf:"gt_never"`
+	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
+	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
+	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
+	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 
 // bpfboundedPrograms contains all programs after they have been loaded into the kernel.

@@ -18,6 +18,14 @@ type ProcEvent = bpfProcEvent
 // ProcEventSize is the size in bytes of a lifecycle record.
 const ProcEventSize = int(unsafe.Sizeof(ProcEvent{}))
 
+// GenAIEvent is the record of a model exchange's GenAI values (struct
+// genai_event): model names and token counts the kernel read from its
+// bodies, emitted right before the exchange's response record.
+type GenAIEvent = bpfGenaiEvent
+
+// GenAIEventSize is the size in bytes of a GenAI record.
+const GenAIEventSize = int(unsafe.Sizeof(GenAIEvent{}))
+
 // Target is a gt_targets value (struct gt_target).
 type Target = bpfGtTarget
 
@@ -49,6 +57,20 @@ const (
 	EvProcExit     = uint8(bpfGtEventKindGT_EV_PROC_EXIT)
 	EvSandboxStart = uint8(bpfGtEventKindGT_EV_SANDBOX_START)
 	EvSandboxEnd   = uint8(bpfGtEventKindGT_EV_SANDBOX_END)
+	EvGenAI        = uint8(bpfGtEventKindGT_EV_GENAI)
+)
+
+// GenAI dialects (genai_event.dialect) and the values a record holds
+// (genai_event.have).
+const (
+	DialectChat      = uint8(bpfGtGenaiDialectGT_GENAI_CHAT)
+	DialectResponses = uint8(bpfGtGenaiDialectGT_GENAI_RESPONSES)
+	DialectMessages  = uint8(bpfGtGenaiDialectGT_GENAI_MESSAGES)
+
+	GenAIReqModel  = uint8(bpfGtGenaiHaveGT_GH_REQ_MODEL)
+	GenAIRespModel = uint8(bpfGtGenaiHaveGT_GH_RESP_MODEL)
+	GenAIInput     = uint8(bpfGtGenaiHaveGT_GH_INPUT)
+	GenAIOutput    = uint8(bpfGtGenaiHaveGT_GH_OUTPUT)
 )
 
 // Sandbox providers and verbs (proc_event.provider, .verb).
@@ -154,7 +176,14 @@ const (
 	StatScanPreread   = uint32(bpfGtStatGT_STAT_SCAN_PREREAD)    // header blocks scanned from the read at their start
 	StatStreamGap     = uint32(bpfGtStatGT_STAT_STREAM_GAP)      // bytes of a followed connection moved unseen
 	StatStreamGapBody = uint32(bpfGtStatGT_STAT_STREAM_GAP_BODY) // ... inside a Content-Length body: nothing lost
-	StatMax           = uint32(bpfGtStatGT_STAT_MAX)
+	// A model exchange's GenAI fields (request model, response model,
+	// input and output tokens), one count per field: read, or why not.
+	StatGenAIRead       = uint32(bpfGtStatGT_STAT_GENAI_READ)
+	StatGenAIAbsent     = uint32(bpfGtStatGT_STAT_GENAI_ABSENT)
+	StatGenAIAmbiguous  = uint32(bpfGtStatGT_STAT_GENAI_AMBIGUOUS)
+	StatGenAIMalformed  = uint32(bpfGtStatGT_STAT_GENAI_MALFORMED)
+	StatGenAIIncomplete = uint32(bpfGtStatGT_STAT_GENAI_INCOMPLETE)
+	StatMax             = uint32(bpfGtStatGT_STAT_MAX)
 )
 
 // Config flags.
@@ -162,6 +191,7 @@ const (
 	CfgRolloutIDs = uint32(bpfGtConfigFlagGT_CFG_ROLLOUT_IDS)
 	CfgNoGate     = uint32(bpfGtConfigFlagGT_CFG_NO_GATE)
 	CfgReward     = uint32(bpfGtConfigFlagGT_CFG_REWARD) // read the reward from /verify response bodies
+	CfgGenAI      = uint32(bpfGtConfigFlagGT_CFG_GENAI)  // read model names and token counts from model exchanges
 	// CfgKeepUnsampled copies out inbound requests whose traceparent says
 	// not sampled (their spans are still not exported): Gym's metrics.
 	CfgKeepUnsampled = uint32(bpfGtConfigFlagGT_CFG_KEEP_UNSAMPLED)

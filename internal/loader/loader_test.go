@@ -38,6 +38,7 @@ type rig struct {
 	tr  *Tracer
 	mu  sync.Mutex
 	evs []HTTPEvent
+	ga  []GenAIEvent // GenAI records (genai_test.go)
 }
 
 // loadSelf loads the programs with the gate set to mask (every group
@@ -71,6 +72,14 @@ func newRig(t *testing.T, mask uint64) *rig {
 	go func() {
 		defer close(done)
 		_ = tr.Read(ctx, func(raw []byte) {
+			if len(raw) >= GenAIEventSize && raw[0] == EvGenAI {
+				var ga GenAIEvent
+				copy(unsafe.Slice((*byte)(unsafe.Pointer(&ga)), GenAIEventSize), raw)
+				r.mu.Lock()
+				r.ga = append(r.ga, ga)
+				r.mu.Unlock()
+				return
+			}
 			if len(raw) < HTTPEventHeadSize || IsProcEvent(raw[0]) {
 				return
 			}

@@ -36,6 +36,7 @@ type injtestGtConn struct {
 	HeadRing    uint64
 	EmittedRing uint64
 	RewardRing  uint64
+	GenaiRing   uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -49,6 +50,8 @@ type injtestGtConn struct {
 		ScanRollout uint8
 		ScanReward  uint8
 		NextPos     uint32
+		ScanGenai   uint8
+		Pad         [7]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -170,7 +173,53 @@ const (
 	injtestGtEventKindGT_EV_PROC_EXIT     injtestGtEventKind = 6
 	injtestGtEventKindGT_EV_SANDBOX_START injtestGtEventKind = 7
 	injtestGtEventKindGT_EV_SANDBOX_END   injtestGtEventKind = 8
+	injtestGtEventKindGT_EV_GENAI         injtestGtEventKind = 9
 )
+
+type injtestGtGenai struct {
+	_  structs.HostLayout
+	Js [2]struct {
+		_       structs.HostLayout
+		Objmask uint64
+		Num     uint64
+		Pos     uint32
+		Vlen    uint16
+		Mode    uint8
+		Depth   uint8
+		InStr   uint8
+		Esc     uint8
+		Last    uint8
+		Kcap    uint8
+		Klen    uint8
+		Kmask   uint8
+		Pend    uint8
+		Colon   uint8
+		Vfield  uint8
+		Vint    uint8
+		Vdigits uint8
+		Vstr    uint8
+		Vcmp    uint8
+		Vbad    uint8
+		Col     uint8
+		Sse     uint8
+		Cut     uint8
+		Ctx     [4]uint8
+		Pad     [3]uint8
+	}
+	Seq     uint64
+	Dialect uint8
+	Have    uint8
+	Seen    uint8
+	Why     [4]uint8
+	Wdir    uint8
+	Wn      uint32
+	Wlen    uint32
+	Wubuf   uint64
+	Mlen    [2]uint16
+	Tok     [2]uint32
+	Model   [2][128]uint8
+	_       [4]byte
+}
 
 type injtestGtInjScan struct {
 	_   structs.HostLayout
@@ -419,6 +468,9 @@ type injtestGtScratch struct {
 		ChunkErr uint8
 		Steps    uint8
 		Line     [16]uint8
+		GaUbuf   uint64
+		GaLen    uint32
+		PadGa    uint32
 	}
 	RouteKey injtestGtRouteKey
 	Rw       struct {
@@ -456,28 +508,33 @@ type injtestGtScratch struct {
 type injtestGtStat uint32
 
 const (
-	injtestGtStatGT_STAT_EMITTED         injtestGtStat = 0
-	injtestGtStatGT_STAT_DISCARDED       injtestGtStat = 16
-	injtestGtStatGT_STAT_RINGBUF_FULL    injtestGtStat = 32
-	injtestGtStatGT_STAT_NOT_HTTP        injtestGtStat = 33
-	injtestGtStatGT_STAT_PARSE_ERROR     injtestGtStat = 34
-	injtestGtStatGT_STAT_HDR_TRUNCATED   injtestGtStat = 35
-	injtestGtStatGT_STAT_CONN_FULL       injtestGtStat = 36
-	injtestGtStatGT_STAT_RESYNC          injtestGtStat = 37
-	injtestGtStatGT_STAT_SKIPPED_BYTES   injtestGtStat = 38
-	injtestGtStatGT_STAT_PROC_EVENTS     injtestGtStat = 39
-	injtestGtStatGT_STAT_TLS_CALLS       injtestGtStat = 40
-	injtestGtStatGT_STAT_TLS_EVENTS      injtestGtStat = 41
-	injtestGtStatGT_STAT_TLS_LINKED      injtestGtStat = 42
-	injtestGtStatGT_STAT_UNSAMPLED       injtestGtStat = 43
-	injtestGtStatGT_STAT_SCAN_REUSED     injtestGtStat = 44
-	injtestGtStatGT_STAT_FRESH           injtestGtStat = 45
-	injtestGtStatGT_STAT_REWARD_FOUND    injtestGtStat = 46
-	injtestGtStatGT_STAT_REWARD_MISSED   injtestGtStat = 47
-	injtestGtStatGT_STAT_SCAN_PREREAD    injtestGtStat = 48
-	injtestGtStatGT_STAT_STREAM_GAP      injtestGtStat = 49
-	injtestGtStatGT_STAT_STREAM_GAP_BODY injtestGtStat = 50
-	injtestGtStatGT_STAT_MAX             injtestGtStat = 51
+	injtestGtStatGT_STAT_EMITTED          injtestGtStat = 0
+	injtestGtStatGT_STAT_DISCARDED        injtestGtStat = 16
+	injtestGtStatGT_STAT_RINGBUF_FULL     injtestGtStat = 32
+	injtestGtStatGT_STAT_NOT_HTTP         injtestGtStat = 33
+	injtestGtStatGT_STAT_PARSE_ERROR      injtestGtStat = 34
+	injtestGtStatGT_STAT_HDR_TRUNCATED    injtestGtStat = 35
+	injtestGtStatGT_STAT_CONN_FULL        injtestGtStat = 36
+	injtestGtStatGT_STAT_RESYNC           injtestGtStat = 37
+	injtestGtStatGT_STAT_SKIPPED_BYTES    injtestGtStat = 38
+	injtestGtStatGT_STAT_PROC_EVENTS      injtestGtStat = 39
+	injtestGtStatGT_STAT_TLS_CALLS        injtestGtStat = 40
+	injtestGtStatGT_STAT_TLS_EVENTS       injtestGtStat = 41
+	injtestGtStatGT_STAT_TLS_LINKED       injtestGtStat = 42
+	injtestGtStatGT_STAT_UNSAMPLED        injtestGtStat = 43
+	injtestGtStatGT_STAT_SCAN_REUSED      injtestGtStat = 44
+	injtestGtStatGT_STAT_FRESH            injtestGtStat = 45
+	injtestGtStatGT_STAT_REWARD_FOUND     injtestGtStat = 46
+	injtestGtStatGT_STAT_REWARD_MISSED    injtestGtStat = 47
+	injtestGtStatGT_STAT_SCAN_PREREAD     injtestGtStat = 48
+	injtestGtStatGT_STAT_STREAM_GAP       injtestGtStat = 49
+	injtestGtStatGT_STAT_STREAM_GAP_BODY  injtestGtStat = 50
+	injtestGtStatGT_STAT_GENAI_READ       injtestGtStat = 51
+	injtestGtStatGT_STAT_GENAI_ABSENT     injtestGtStat = 52
+	injtestGtStatGT_STAT_GENAI_AMBIGUOUS  injtestGtStat = 53
+	injtestGtStatGT_STAT_GENAI_MALFORMED  injtestGtStat = 54
+	injtestGtStatGT_STAT_GENAI_INCOMPLETE injtestGtStat = 55
+	injtestGtStatGT_STAT_MAX              injtestGtStat = 56
 )
 
 type injtestGtTarget struct {
@@ -575,6 +632,8 @@ const (
 	injtestMapGtConfig              = "gt_config"
 	injtestMapGtConns               = "gt_conns"
 	injtestMapGtEvents              = "gt_events"
+	injtestMapGtGenai               = "gt_genai"
+	injtestMapGtGenaiZero           = "gt_genai_zero"
 	injtestMapGtInjectConfig        = "gt_inject_config"
 	injtestMapGtInjectPairs         = "gt_inject_pairs"
 	injtestMapGtInjectPending       = "gt_inject_pending"
@@ -696,6 +755,8 @@ type injtestMapSpecs struct {
 	GtConfig        *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns         *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents        *ebpf.MapSpec `ebpf:"gt_events"`
+	GtGenai         *ebpf.MapSpec `ebpf:"gt_genai"`
+	GtGenaiZero     *ebpf.MapSpec `ebpf:"gt_genai_zero"`
 	GtInjectConfig  *ebpf.MapSpec `ebpf:"gt_inject_config"`
 	GtInjectPairs   *ebpf.MapSpec `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.MapSpec `ebpf:"gt_inject_pending"`
@@ -765,6 +826,8 @@ type injtestMaps struct {
 	GtConfig        *ebpf.Map `ebpf:"gt_config"`
 	GtConns         *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents        *ebpf.Map `ebpf:"gt_events"`
+	GtGenai         *ebpf.Map `ebpf:"gt_genai"`
+	GtGenaiZero     *ebpf.Map `ebpf:"gt_genai_zero"`
 	GtInjectConfig  *ebpf.Map `ebpf:"gt_inject_config"`
 	GtInjectPairs   *ebpf.Map `ebpf:"gt_inject_pairs"`
 	GtInjectPending *ebpf.Map `ebpf:"gt_inject_pending"`
@@ -798,6 +861,8 @@ func (m *injtestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtGenai,
+		m.GtGenaiZero,
 		m.GtInjectConfig,
 		m.GtInjectPairs,
 		m.GtInjectPending,

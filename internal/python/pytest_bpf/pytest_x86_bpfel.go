@@ -36,6 +36,7 @@ type pytestGtConn struct {
 	HeadRing    uint64
 	EmittedRing uint64
 	RewardRing  uint64
+	GenaiRing   uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -49,6 +50,8 @@ type pytestGtConn struct {
 		ScanRollout uint8
 		ScanReward  uint8
 		NextPos     uint32
+		ScanGenai   uint8
+		Pad         [7]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -337,6 +340,9 @@ type pytestGtScratch struct {
 		ChunkErr uint8
 		Steps    uint8
 		Line     [16]uint8
+		GaUbuf   uint64
+		GaLen    uint32
+		PadGa    uint32
 	}
 	RouteKey pytestGtRouteKey
 	Rw       struct {

@@ -36,6 +36,7 @@ type tlstestGtConn struct {
 	HeadRing    uint64
 	EmittedRing uint64
 	RewardRing  uint64
+	GenaiRing   uint64
 	Dir         [2]struct {
 		_           structs.HostLayout
 		Phase       uint8
@@ -49,6 +50,8 @@ type tlstestGtConn struct {
 		ScanRollout uint8
 		ScanReward  uint8
 		NextPos     uint32
+		ScanGenai   uint8
+		Pad         [7]uint8
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -170,7 +173,53 @@ const (
 	tlstestGtEventKindGT_EV_PROC_EXIT     tlstestGtEventKind = 6
 	tlstestGtEventKindGT_EV_SANDBOX_START tlstestGtEventKind = 7
 	tlstestGtEventKindGT_EV_SANDBOX_END   tlstestGtEventKind = 8
+	tlstestGtEventKindGT_EV_GENAI         tlstestGtEventKind = 9
 )
+
+type tlstestGtGenai struct {
+	_  structs.HostLayout
+	Js [2]struct {
+		_       structs.HostLayout
+		Objmask uint64
+		Num     uint64
+		Pos     uint32
+		Vlen    uint16
+		Mode    uint8
+		Depth   uint8
+		InStr   uint8
+		Esc     uint8
+		Last    uint8
+		Kcap    uint8
+		Klen    uint8
+		Kmask   uint8
+		Pend    uint8
+		Colon   uint8
+		Vfield  uint8
+		Vint    uint8
+		Vdigits uint8
+		Vstr    uint8
+		Vcmp    uint8
+		Vbad    uint8
+		Col     uint8
+		Sse     uint8
+		Cut     uint8
+		Ctx     [4]uint8
+		Pad     [3]uint8
+	}
+	Seq     uint64
+	Dialect uint8
+	Have    uint8
+	Seen    uint8
+	Why     [4]uint8
+	Wdir    uint8
+	Wn      uint32
+	Wlen    uint32
+	Wubuf   uint64
+	Mlen    [2]uint16
+	Tok     [2]uint32
+	Model   [2][128]uint8
+	_       [4]byte
+}
 
 type tlstestGtIoScratch struct {
 	_  structs.HostLayout
@@ -354,6 +403,9 @@ type tlstestGtScratch struct {
 		ChunkErr uint8
 		Steps    uint8
 		Line     [16]uint8
+		GaUbuf   uint64
+		GaLen    uint32
+		PadGa    uint32
 	}
 	RouteKey tlstestGtRouteKey
 	Rw       struct {
@@ -391,28 +443,33 @@ type tlstestGtScratch struct {
 type tlstestGtStat uint32
 
 const (
-	tlstestGtStatGT_STAT_EMITTED         tlstestGtStat = 0
-	tlstestGtStatGT_STAT_DISCARDED       tlstestGtStat = 16
-	tlstestGtStatGT_STAT_RINGBUF_FULL    tlstestGtStat = 32
-	tlstestGtStatGT_STAT_NOT_HTTP        tlstestGtStat = 33
-	tlstestGtStatGT_STAT_PARSE_ERROR     tlstestGtStat = 34
-	tlstestGtStatGT_STAT_HDR_TRUNCATED   tlstestGtStat = 35
-	tlstestGtStatGT_STAT_CONN_FULL       tlstestGtStat = 36
-	tlstestGtStatGT_STAT_RESYNC          tlstestGtStat = 37
-	tlstestGtStatGT_STAT_SKIPPED_BYTES   tlstestGtStat = 38
-	tlstestGtStatGT_STAT_PROC_EVENTS     tlstestGtStat = 39
-	tlstestGtStatGT_STAT_TLS_CALLS       tlstestGtStat = 40
-	tlstestGtStatGT_STAT_TLS_EVENTS      tlstestGtStat = 41
-	tlstestGtStatGT_STAT_TLS_LINKED      tlstestGtStat = 42
-	tlstestGtStatGT_STAT_UNSAMPLED       tlstestGtStat = 43
-	tlstestGtStatGT_STAT_SCAN_REUSED     tlstestGtStat = 44
-	tlstestGtStatGT_STAT_FRESH           tlstestGtStat = 45
-	tlstestGtStatGT_STAT_REWARD_FOUND    tlstestGtStat = 46
-	tlstestGtStatGT_STAT_REWARD_MISSED   tlstestGtStat = 47
-	tlstestGtStatGT_STAT_SCAN_PREREAD    tlstestGtStat = 48
-	tlstestGtStatGT_STAT_STREAM_GAP      tlstestGtStat = 49
-	tlstestGtStatGT_STAT_STREAM_GAP_BODY tlstestGtStat = 50
-	tlstestGtStatGT_STAT_MAX             tlstestGtStat = 51
+	tlstestGtStatGT_STAT_EMITTED          tlstestGtStat = 0
+	tlstestGtStatGT_STAT_DISCARDED        tlstestGtStat = 16
+	tlstestGtStatGT_STAT_RINGBUF_FULL     tlstestGtStat = 32
+	tlstestGtStatGT_STAT_NOT_HTTP         tlstestGtStat = 33
+	tlstestGtStatGT_STAT_PARSE_ERROR      tlstestGtStat = 34
+	tlstestGtStatGT_STAT_HDR_TRUNCATED    tlstestGtStat = 35
+	tlstestGtStatGT_STAT_CONN_FULL        tlstestGtStat = 36
+	tlstestGtStatGT_STAT_RESYNC           tlstestGtStat = 37
+	tlstestGtStatGT_STAT_SKIPPED_BYTES    tlstestGtStat = 38
+	tlstestGtStatGT_STAT_PROC_EVENTS      tlstestGtStat = 39
+	tlstestGtStatGT_STAT_TLS_CALLS        tlstestGtStat = 40
+	tlstestGtStatGT_STAT_TLS_EVENTS       tlstestGtStat = 41
+	tlstestGtStatGT_STAT_TLS_LINKED       tlstestGtStat = 42
+	tlstestGtStatGT_STAT_UNSAMPLED        tlstestGtStat = 43
+	tlstestGtStatGT_STAT_SCAN_REUSED      tlstestGtStat = 44
+	tlstestGtStatGT_STAT_FRESH            tlstestGtStat = 45
+	tlstestGtStatGT_STAT_REWARD_FOUND     tlstestGtStat = 46
+	tlstestGtStatGT_STAT_REWARD_MISSED    tlstestGtStat = 47
+	tlstestGtStatGT_STAT_SCAN_PREREAD     tlstestGtStat = 48
+	tlstestGtStatGT_STAT_STREAM_GAP       tlstestGtStat = 49
+	tlstestGtStatGT_STAT_STREAM_GAP_BODY  tlstestGtStat = 50
+	tlstestGtStatGT_STAT_GENAI_READ       tlstestGtStat = 51
+	tlstestGtStatGT_STAT_GENAI_ABSENT     tlstestGtStat = 52
+	tlstestGtStatGT_STAT_GENAI_AMBIGUOUS  tlstestGtStat = 53
+	tlstestGtStatGT_STAT_GENAI_MALFORMED  tlstestGtStat = 54
+	tlstestGtStatGT_STAT_GENAI_INCOMPLETE tlstestGtStat = 55
+	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 56
 )
 
 type tlstestGtTarget struct {
@@ -530,6 +587,8 @@ const (
 	tlstestMapGtConfig            = "gt_config"
 	tlstestMapGtConns             = "gt_conns"
 	tlstestMapGtEvents            = "gt_events"
+	tlstestMapGtGenai             = "gt_genai"
+	tlstestMapGtGenaiZero         = "gt_genai_zero"
 	tlstestMapGtIos               = "gt_ios"
 	tlstestMapGtProf              = "gt_prof"
 	tlstestMapGtPyLinks           = "gt_py_links"
@@ -640,6 +699,8 @@ type tlstestMapSpecs struct {
 	GtConfig      *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns       *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents      *ebpf.MapSpec `ebpf:"gt_events"`
+	GtGenai       *ebpf.MapSpec `ebpf:"gt_genai"`
+	GtGenaiZero   *ebpf.MapSpec `ebpf:"gt_genai_zero"`
 	GtIos         *ebpf.MapSpec `ebpf:"gt_ios"`
 	GtProf        *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks     *ebpf.MapSpec `ebpf:"gt_py_links"`
@@ -702,6 +763,8 @@ type tlstestMaps struct {
 	GtConfig      *ebpf.Map `ebpf:"gt_config"`
 	GtConns       *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents      *ebpf.Map `ebpf:"gt_events"`
+	GtGenai       *ebpf.Map `ebpf:"gt_genai"`
+	GtGenaiZero   *ebpf.Map `ebpf:"gt_genai_zero"`
 	GtIos         *ebpf.Map `ebpf:"gt_ios"`
 	GtProf        *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks     *ebpf.Map `ebpf:"gt_py_links"`
@@ -728,6 +791,8 @@ func (m *tlstestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtGenai,
+		m.GtGenaiZero,
 		m.GtIos,
 		m.GtProf,
 		m.GtPyLinks,

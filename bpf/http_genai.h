@@ -1,0 +1,784 @@
+// GenAI values of a model server's exchanges, read in the kernel: the
+// request's "model", the response's "model" and its input and output token
+// counts, for the three dialects Gym's model servers serve (chat completions,
+// responses, messages), JSON or SSE. Only those values leave this file, in a
+// genai_event record (bpf/common/contract.h) emitted just before the
+// exchange's response record (docs/security.md has the limits).
+//
+// Unlike the reward (http_reward.h), which a /verify body carries near its
+// end, these keys can be anywhere: the OpenAI client puts "model" after the
+// whole conversation (hundreds of KiB), a stream puts usage in its last
+// event. So every body byte of such an exchange is walked, from the body's
+// first byte, with the walk's state kept between syscalls in gt_genai (map
+// memory, one entry per connection): string state, escapes and the depth of
+// '{' '[' are exact from the first byte, so a key inside a string (an
+// escaped "\"model\"" in a message) is never a key, and a key nested deeper
+// than the dialect puts it is not taken.
+//
+// Values: a model name is at most GT_MODEL_MAX bytes of printable ASCII
+// without escapes; a token count a JSON integer below 2^31. Anything else,
+// a key that comes twice where it should come once (JSON), models that
+// disagree between events (SSE), a body whose bytes were not all walked, or
+// whose JSON did not close, is not recorded; each field is counted by why
+// (GT_STAT_GENAI_*).
+#pragma once
+
+#include "http.h"
+
+// Fields (bit i of have / a reason per field).
+#define GT_GA_REQ_MODEL 0
+#define GT_GA_RESP_MODEL 1
+#define GT_GA_IN 2
+#define GT_GA_OUT 3
+
+// Why a field was not recorded (gt_genai.why[field]).
+enum gt_ga_why {
+	GT_GW_NONE = 0,       // not seen
+	GT_GW_AMBIGUOUS = 1,  // more than once where once is meant, or events disagree
+	GT_GW_MALFORMED = 2,  // not a string / integer of the allowed form
+	GT_GW_INCOMPLETE = 3, // bytes of the body were not walked, or its JSON did not close
+};
+
+// Key classes (what a key means where it is).
+enum gt_ga_key {
+	GT_GK_NONE = 0,
+	GT_GK_MODEL = 1,
+	GT_GK_USAGE = 2,
+	GT_GK_WRAP = 3, // "response" (responses SSE) / "message" (messages SSE): the object holding model and usage
+	GT_GK_IN = 4,
+	GT_GK_OUT = 5,
+};
+
+// Walk modes.
+enum gt_ga_mode {
+	GT_JM_START = 0,     // before the body's first non-whitespace byte
+	GT_JM_JSON = 1,      // inside the body's JSON value
+	GT_JM_DONE = 2,      // the JSON value closed; only whitespace may follow
+	GT_JM_SSE_LINE = 3,  // SSE: matching "data:" at a line's start (col)
+	GT_JM_SSE_SKIP = 4,  // SSE: a line that is not data, up to its '\n'
+	GT_JM_SSE_DATA = 5,  // SSE: after "data:", before the event's JSON
+	GT_JM_SSE_JSON = 6,  // SSE: inside a data line's JSON
+	GT_JM_SSE_AFTER = 7, // SSE: the data line's JSON closed; whitespace to '\n'
+	GT_JM_DEAD = 8,      // not a body these keys can be read from for sure
+};
+
+// The object context of a depth: what holds the keys met there.
+enum gt_ga_obj {
+	GT_GC_OTHER = 0,
+	GT_GC_ROOT = 1,
+	GT_GC_WRAP = 2,
+	GT_GC_USAGE = 3,     // usage at the top level (JSON, chat chunks, message_delta)
+	GT_GC_USAGE_IN = 4,  // usage inside the wrap (response.completed, message_start)
+};
+
+// The keys the walk knows, matched a byte at a time as a key's string goes
+// by (gt_jscan kmask): no key text is kept.
+#define GT_GA_KEYS 8
+#define GT_GA_KEY_LEN 32
+static const char gt_ga_keys[GT_GA_KEYS][GT_GA_KEY_LEN] = {
+	"model", "usage", "response", "message", "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens",
+};
+enum gt_ga_keyid {
+	GT_KI_MODEL = 0,
+	GT_KI_USAGE = 1,
+	GT_KI_RESPONSE = 2,
+	GT_KI_MESSAGE = 3,
+	GT_KI_PROMPT = 4,
+	GT_KI_COMPLETION = 5,
+	GT_KI_INPUT = 6,
+	GT_KI_OUTPUT = 7,
+};
+#define GT_GA_MAX_DEPTH 63
+#define GT_GA_WINDOWS 64 // windows of GT_SCRATCH bytes walked per syscall buffer (256 KiB)
+
+// One direction's walk over a body, across syscalls.
+struct gt_jscan {
+	__u64 objmask; // bit d: the container at depth d (1 = the body's value) is an object
+	__u64 num;     // the token count being read
+	__u32 pos;     // next byte of the window
+	__u16 vlen;    // model bytes of the value being read
+	__u8 mode;     // enum gt_ga_mode
+	__u8 depth;
+	__u8 in_str;
+	__u8 esc;
+	__u8 last;   // last structural byte outside strings
+	__u8 kcap;   // the open string is a key whose text is kept
+	__u8 klen;   // its length so far
+	__u8 kmask;  // bit i: the key so far is a prefix of gt_ga_keys[i]
+	__u8 pend;   // the key just closed (enum gt_ga_key), its value not begun
+	__u8 colon;  // ... and its ':' was seen
+	__u8 vfield; // the value being read goes to this field (GT_GA_*), 0xff none
+	__u8 vint;   // reading a token count's digits
+	__u8 vdigits;
+	__u8 vstr;   // reading a model string
+	__u8 vcmp;   // ... compared with the value already kept (SSE), not written
+	__u8 vbad;   // ... and it is not one (why)
+	__u8 col;    // SSE: bytes of "data:" matched
+	__u8 sse;    // the body is an SSE stream
+	__u8 cut;    // bytes of the body were not walked: nothing of it is sure
+	__u8 ctx[4]; // enum gt_ga_obj of depths 1..4
+	__u8 _pad[3];
+};
+
+// The state of a model exchange on one connection (gt_genai, by conn_id).
+struct gt_genai {
+	struct gt_jscan js[2]; // [0] bytes read, [1] written: a server reads requests
+	__u64 seq;             // the request these values belong to
+	__u8 dialect;          // enum gt_genai_dialect
+	__u8 have;             // bit per field: its value is kept
+	__u8 seen;             // bit per field: met at least once
+	__u8 why[4];           // per field: enum gt_ga_why when not kept
+	__u8 wdir;             // the direction being walked (gt_ga_window, gt_ga_step)
+	__u32 wn;              // the window's bytes in the scratch
+	__u32 wlen;            // the buffer's bytes
+	__u64 wubuf;           // the buffer
+	__u16 mlen[2];         // [0] request model, [1] response model
+	__u32 tok[2];          // [0] input, [1] output
+	__u8 model[2][GT_MODEL_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct gt_genai);
+} gt_genai SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_genai);
+} gt_genai_zero SEC(".maps");
+
+static __always_inline void gt_ga_fail(struct gt_genai *g, __u32 f, __u8 why)
+{
+	f &= 3;
+	g->have &= ~(1 << f);
+	if (g->why[f] < why || g->why[f] == GT_GW_NONE)
+		g->why[f] = why;
+	g->seen |= 1 << f;
+}
+
+// What the key just closed means at this depth, for this dialect.
+static __always_inline void gt_ga_key(struct gt_genai *g, struct gt_jscan *js, int req)
+{
+	__u8 n = js->klen & 31, m = js->kmask;
+	__u8 ctx = js->ctx[(js->depth - 1) & 3];
+	js->pend = GT_GK_NONE;
+	// The key whose text ends here too (the table's NUL).
+	int id = -1;
+#pragma unroll
+	for (int i = 0; i < GT_GA_KEYS; i++)
+		if (((m >> i) & 1) && gt_ga_keys[i][n & (GT_GA_KEY_LEN - 1)] == 0)
+			id = i;
+	if (id < 0)
+		return;
+	if (ctx == GT_GC_ROOT || ctx == GT_GC_WRAP) {
+		if (id == GT_KI_MODEL)
+			js->pend = GT_GK_MODEL;
+		else if (req)
+			return; // a request's model only, at its top level
+		else if (id == GT_KI_USAGE)
+			js->pend = GT_GK_USAGE;
+		else if (ctx == GT_GC_ROOT && js->sse &&
+			 ((g->dialect == GT_GENAI_RESPONSES && id == GT_KI_RESPONSE) ||
+			  (g->dialect == GT_GENAI_MESSAGES && id == GT_KI_MESSAGE)))
+			js->pend = GT_GK_WRAP;
+		if (req && ctx != GT_GC_ROOT)
+			js->pend = GT_GK_NONE;
+	} else if (ctx == GT_GC_USAGE || ctx == GT_GC_USAGE_IN) {
+		if (g->dialect == GT_GENAI_CHAT) {
+			if (id == GT_KI_PROMPT)
+				js->pend = GT_GK_IN;
+			else if (id == GT_KI_COMPLETION)
+				js->pend = GT_GK_OUT;
+		} else if (id == GT_KI_INPUT) {
+			js->pend = GT_GK_IN;
+		} else if (id == GT_KI_OUTPUT) {
+			// A message_start's output_tokens is a placeholder: the
+			// stream's count is message_delta's, at the top level.
+			if (!(g->dialect == GT_GENAI_MESSAGES && js->sse && ctx == GT_GC_USAGE_IN))
+				js->pend = GT_GK_OUT;
+		}
+	}
+}
+
+// A value for field f begins: is it the first, or one more?
+static __always_inline void gt_ga_value_begin(struct gt_genai *g, struct gt_jscan *js, __u8 f)
+{
+	js->vfield = f;
+	js->vbad = 0;
+	js->vcmp = 0;
+	if ((g->seen >> (f & 3)) & 1) {
+		if (!js->sse) {
+			gt_ga_fail(g, f, GT_GW_AMBIGUOUS); // a key twice at its level of one JSON body
+			js->vfield = 0xff;
+			return;
+		}
+		if (!((g->have >> (f & 3)) & 1)) {
+			js->vfield = 0xff; // an earlier event's was not one: none is sure
+			return;
+		}
+		// SSE: the same model in every event (compared); counts, the last.
+		js->vcmp = (f == GT_GA_REQ_MODEL || f == GT_GA_RESP_MODEL) && ((g->have >> (f & 3)) & 1);
+	}
+	g->seen |= 1 << (f & 3);
+}
+
+// A token count's digits ended at a byte that may follow a value (or not).
+static __always_inline void gt_ga_int_end(struct gt_genai *g, struct gt_jscan *js, __u8 c)
+{
+	js->vint = 0;
+	__u8 f = js->vfield;
+	js->vfield = 0xff;
+	if (f > 3)
+		return;
+	if (!(c == ',' || c == '}' || c == ']' || gt_json_ws(c)) || js->num >= 0x80000000ULL || js->vdigits > 10) {
+		gt_ga_fail(g, f, GT_GW_MALFORMED); // a fraction, an exponent, too large
+		return;
+	}
+	g->tok[(f - GT_GA_IN) & 1] = (__u32)js->num;
+	g->have |= 1 << f;
+	g->why[f & 3] = GT_GW_NONE;
+}
+
+// A structural byte (not whitespace, outside strings) of the JSON walk.
+// Returns 1 when the walk's JSON value closed with it.
+__noinline int gt_ga_struct(struct gt_genai *g, __u32 dir, __u8 c)
+{
+	if (!g)
+		return 0;
+	struct gt_jscan *js = &g->js[dir & 1];
+	if (js->vint) {
+		if (c >= '0' && c <= '9') {
+			js->num = js->num * 10 + (c - '0');
+			js->vdigits++;
+			return 0;
+		}
+		gt_ga_int_end(g, js, c);
+	}
+	__u8 pend = js->colon ? js->pend : GT_GK_NONE;
+	if (js->pend && !js->colon) {
+		if (c == ':') {
+			js->colon = 1;
+			return 0;
+		}
+		js->pend = GT_GK_NONE; // not a key after all
+	}
+	js->pend = GT_GK_NONE;
+	js->colon = 0;
+	__u8 d = js->depth;
+	if (c == '{' || c == '[') {
+		if (d >= GT_GA_MAX_DEPTH) {
+			js->cut = 1; // deeper than the walk follows
+			js->mode = GT_JM_DEAD;
+			return 0;
+		}
+		d++;
+		js->depth = d;
+		if (c == '{')
+			js->objmask |= 1ULL << (d & 63);
+		else
+			js->objmask &= ~(1ULL << (d & 63));
+		__u8 nctx = GT_GC_OTHER;
+		if (d == 1 && c == '{')
+			nctx = GT_GC_ROOT;
+		else if (c == '{' && pend == GT_GK_WRAP)
+			nctx = GT_GC_WRAP;
+		else if (c == '{' && pend == GT_GK_USAGE)
+			nctx = d == 2 ? GT_GC_USAGE : GT_GC_USAGE_IN;
+		else if (pend == GT_GK_MODEL || pend == GT_GK_IN || pend == GT_GK_OUT)
+			gt_ga_fail(g, pend == GT_GK_MODEL ? (dir == 0 ? GT_GA_REQ_MODEL : GT_GA_RESP_MODEL)
+							  : pend == GT_GK_IN ? GT_GA_IN : GT_GA_OUT,
+				   GT_GW_MALFORMED);
+		if (d <= 4)
+			js->ctx[(d - 1) & 3] = nctx;
+		js->last = c;
+		return 0;
+	}
+	if (c == '}' || c == ']') {
+		if (d == 0) {
+			js->cut = 1;
+			js->mode = GT_JM_DEAD;
+			return 0;
+		}
+		js->depth = d - 1;
+		js->last = c;
+		return d == 1;
+	}
+	if (pend == GT_GK_IN || pend == GT_GK_OUT) {
+		__u8 f = pend == GT_GK_IN ? GT_GA_IN : GT_GA_OUT;
+		if (c >= '0' && c <= '9') {
+			gt_ga_value_begin(g, js, f);
+			if (js->vfield == f) {
+				js->vint = 1;
+				js->num = c - '0';
+				js->vdigits = 1;
+			}
+		} else if (c != 'n') { // null: no count here (a stream's usage: null)
+			gt_ga_value_begin(g, js, f);
+			gt_ga_fail(g, f, GT_GW_MALFORMED);
+			js->vfield = 0xff;
+		}
+	} else if (pend == GT_GK_MODEL && c != 'n') {
+		__u8 f = dir == 0 ? GT_GA_REQ_MODEL : GT_GA_RESP_MODEL;
+		gt_ga_value_begin(g, js, f);
+		gt_ga_fail(g, f, GT_GW_MALFORMED);
+		js->vfield = 0xff;
+	}
+	js->last = c;
+	return 0;
+}
+
+// A string opens ('"' outside strings): a key whose text is kept, a model
+// value, or any other string.
+__noinline int gt_ga_str_open(struct gt_genai *g, __u32 dir)
+{
+	if (!g)
+		return 0;
+	struct gt_jscan *js = &g->js[dir & 1];
+	if (js->vint)
+		gt_ga_int_end(g, js, '"'); // malformed: a quote right after digits
+	js->in_str = 1;
+	js->kcap = 0;
+	js->vstr = 0;
+	__u8 d = js->depth;
+	__u8 pend = js->colon ? js->pend : GT_GK_NONE;
+	js->pend = GT_GK_NONE;
+	js->colon = 0;
+	int key = d >= 1 && ((js->objmask >> (d & 63)) & 1) && (js->last == '{' || js->last == ',');
+	if (key) {
+		__u8 ctx = d <= 4 ? js->ctx[(d - 1) & 3] : GT_GC_OTHER;
+		if (ctx != GT_GC_OTHER) {
+			js->kcap = 1;
+			js->klen = 0;
+			js->kmask = (1 << GT_GA_KEYS) - 1;
+		}
+		return 0;
+	}
+	if (pend == GT_GK_MODEL) {
+		__u8 f = dir == 0 ? GT_GA_REQ_MODEL : GT_GA_RESP_MODEL;
+		gt_ga_value_begin(g, js, f);
+		if (js->vfield == f) {
+			js->vstr = 1;
+			js->vlen = 0;
+		}
+	} else if (pend == GT_GK_IN || pend == GT_GK_OUT) {
+		__u8 f = pend == GT_GK_IN ? GT_GA_IN : GT_GA_OUT;
+		gt_ga_value_begin(g, js, f);
+		gt_ga_fail(g, f, GT_GW_MALFORMED); // a count as a string
+		js->vfield = 0xff;
+	}
+	return 0;
+}
+
+// The open string closes.
+static __always_inline int gt_ga_str_close(struct gt_genai *g, struct gt_jscan *js, __u32 dir)
+{
+	js->in_str = 0;
+	js->last = '"';
+	if (js->kcap) {
+		js->kcap = 0;
+		gt_ga_key(g, js, dir == 0);
+		return 0;
+	}
+	if (!js->vstr)
+		return 0;
+	js->vstr = 0;
+	__u8 f = js->vfield;
+	js->vfield = 0xff;
+	if (f > 3)
+		return 0;
+	__u32 m = f == GT_GA_RESP_MODEL;
+	__u16 n = js->vlen;
+	if (!js->vbad && (n == 0 || n > GT_MODEL_MAX))
+		js->vbad = GT_GW_MALFORMED;
+	if (!js->vbad && js->vcmp && n != g->mlen[m])
+		js->vbad = GT_GW_AMBIGUOUS;
+	if (js->vbad) {
+		gt_ga_fail(g, f, js->vbad);
+		return 0;
+	}
+	g->mlen[m] = n;
+	g->have |= 1 << f;
+	g->why[f & 3] = GT_GW_NONE;
+	return 0;
+}
+
+// A byte inside a string that may matter: a quote, a backslash, the byte
+// after one, or a byte of a key or model name being read. Global: verified
+// once, not in every state of the walk.
+__noinline int gt_ga_str(struct gt_genai *g, __u32 dir, __u8 c)
+{
+	if (!g)
+		return 0;
+	struct gt_jscan *js = &g->js[dir & 1];
+	if (js->esc) {
+		js->esc = 0;
+		return 0;
+	}
+	if (c == '\\') {
+		js->esc = 1;
+		if (js->kcap)
+			js->kmask = 0; // an escaped key is none of ours
+		if (js->vstr && !js->vbad)
+			js->vbad = GT_GW_MALFORMED; // not recorded: no escapes in a model name
+		return 0;
+	}
+	if (c == '"') {
+		gt_ga_str_close(g, js, dir);
+		return 0;
+	}
+	if (js->kcap) {
+		__u8 n = js->klen, m = js->kmask;
+		if (n >= GT_GA_KEY_LEN - 1) {
+			m = 0;
+		} else {
+			// Branch-free: a branch per key would give the verifier
+			// 2^8 paths to walk.
+#pragma unroll
+			for (int i = 0; i < GT_GA_KEYS; i++)
+				m &= ~(((((__u32)(__u8)gt_ga_keys[i][n & (GT_GA_KEY_LEN - 1)] ^ c) + 0xff) >> 8) << i);
+		}
+		js->kmask = m;
+		js->klen = n + 1;
+	} else if (js->vstr) {
+		__u16 n = js->vlen;
+		if (c < 0x20 || c > 0x7e) {
+			if (!js->vbad)
+				js->vbad = GT_GW_MALFORMED;
+		} else if (n < GT_MODEL_MAX) {
+			__u32 m = js->vfield == GT_GA_RESP_MODEL;
+			__u8 *dst = &g->model[m & 1][n & (GT_MODEL_MAX - 1)];
+			if (js->vcmp) {
+				if (*dst != c && !js->vbad)
+					js->vbad = GT_GW_AMBIGUOUS;
+			} else {
+				*dst = c;
+			}
+		}
+		if (n <= GT_MODEL_MAX)
+			js->vlen = n + 1;
+	}
+	return 0;
+}
+
+struct gt_ga_walk {
+	struct gt_genai *g; // the rest is in g (wdir, wn) and the scratch: the frames stay small
+};
+
+// One step of the walk at js->pos of the window: eight bytes inside a string
+// that cannot matter, or one byte. 1: the window is done.
+GT_LOOP_FN gt_ga_step(int k, struct gt_ga_walk *cx)
+{
+	struct gt_scratch *sc = gt_get_scratch();
+	struct gt_genai *g = cx->g;
+	if (!sc)
+		return 1;
+	__u32 dir = g->wdir & 1;
+	struct gt_jscan *js = &g->js[dir];
+	__u32 i = js->pos, n = g->wn;
+	if (i >= n || js->mode == GT_JM_DEAD)
+		return 1;
+	if (js->in_str && !js->esc && !js->kcap && !js->vstr && !(i & 7) && i + 8 <= n) {
+		__u64 x = *(__u64 *)&sc->buf[i & (GT_SCRATCH - 8)];
+		if (!GT_HAS_BYTE(x, '"') && !GT_HAS_BYTE(x, '\\') && !(js->sse && GT_HAS_BYTE(x, '\n'))) {
+			js->pos = i + 8;
+			return 0;
+		}
+	}
+	js->pos = i + 1;
+	__u8 c = sc->buf[i & GT_SCRATCH_MASK];
+	__u8 mode = js->mode;
+	if (mode == GT_JM_JSON || mode == GT_JM_SSE_JSON) {
+		if (c == '\n' && mode == GT_JM_SSE_JSON) {
+			js->cut = 1; // an event's JSON over several lines: not followed
+			js->mode = GT_JM_DEAD;
+			return 1;
+		}
+		if (js->in_str) {
+			if (js->esc || js->kcap || js->vstr || c == '"' || c == '\\')
+				gt_ga_str(g, dir, c);
+			return 0;
+		}
+		if (gt_json_ws(c)) {
+			if (js->vint)
+				gt_ga_int_end(g, js, c);
+			return 0;
+		}
+		if (c == '"') {
+			gt_ga_str_open(g, dir);
+			return 0;
+		}
+		if (gt_ga_struct(g, dir, c))
+			js->mode = mode == GT_JM_JSON ? GT_JM_DONE : GT_JM_SSE_AFTER;
+		return 0;
+	}
+	switch (mode) {
+	case GT_JM_START:
+		if (gt_json_ws(c))
+			return 0;
+		if (c == '{') {
+			js->mode = GT_JM_JSON;
+			gt_ga_struct(g, dir, c);
+			return 0;
+		}
+		if (dir == 1 && (c == 'd' || c == 'e' || c == 'i' || c == 'r' || c == ':')) {
+			js->sse = 1;
+			js->mode = GT_JM_SSE_LINE;
+			js->col = 0;
+			js->pos = i; // this byte again, as a line's first
+			return 0;
+		}
+		js->mode = GT_JM_DEAD; // no JSON object: nothing of ours in it
+		return 1;
+	case GT_JM_DONE:
+		if (!gt_json_ws(c)) {
+			js->cut = 1;
+			js->mode = GT_JM_DEAD;
+			return 1;
+		}
+		return 0;
+	case GT_JM_SSE_LINE: {
+		const char data[] = "data:";
+		__u8 col = js->col;
+		if (c == '\n') {
+			js->col = 0;
+			return 0;
+		}
+		if (col == 0 && c == '\r')
+			return 0;
+		if (col < 5 && c == (__u8)data[col & 7]) {
+			js->col = col + 1;
+			if (col + 1 == 5)
+				js->mode = GT_JM_SSE_DATA;
+			return 0;
+		}
+		js->mode = GT_JM_SSE_SKIP;
+		return 0;
+	}
+	case GT_JM_SSE_SKIP:
+		if (c == '\n') {
+			js->mode = GT_JM_SSE_LINE;
+			js->col = 0;
+		}
+		return 0;
+	case GT_JM_SSE_DATA:
+		if (c == ' ')
+			return 0;
+		if (c == '{') {
+			// An event's JSON: a value of its own, walked from depth 0.
+			js->depth = 0;
+			js->objmask = 0;
+			js->in_str = 0;
+			js->esc = 0;
+			js->pend = 0;
+			js->colon = 0;
+			js->vint = 0;
+			js->vstr = 0;
+			js->last = 0;
+			js->mode = GT_JM_SSE_JSON;
+			gt_ga_struct(g, dir, c);
+			return 0;
+		}
+		js->mode = c == '\n' ? GT_JM_SSE_LINE : GT_JM_SSE_SKIP; // [DONE], or a data line not an object
+		js->col = 0;
+		return 0;
+	case GT_JM_SSE_AFTER:
+		if (c == '\n') {
+			js->mode = GT_JM_SSE_LINE;
+			js->col = 0;
+		} else if (!gt_json_ws(c)) {
+			js->cut = 1;
+			js->mode = GT_JM_DEAD;
+			return 1;
+		}
+		return 0;
+	}
+	return 1;
+}
+
+// Window w of the buffer being walked: read into the scratch, then walked
+// (gt_ga_step). A callback of its own, so the verifier checks it once, not
+// once per window.
+GT_LOOP_FN gt_ga_window(int w, struct gt_ga_walk *cx)
+{
+	struct gt_genai *g = cx->g;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 1;
+	struct gt_jscan *js = &g->js[g->wdir & 1];
+	__u32 off = (__u32)w * GT_SCRATCH, len = g->wlen;
+	if (off >= len || js->mode == GT_JM_DEAD)
+		return 1;
+	__u32 n = len - off;
+	if (n > GT_SCRATCH)
+		n = GT_SCRATCH;
+	sc->reuse_id = 0; // buf is overwritten (see struct gt_scratch)
+	sc->pre_id = 0;
+	if (bpf_probe_read_user(sc->buf, n, (void *)(g->wubuf + off))) {
+		js->cut = 1;
+		js->mode = GT_JM_DEAD;
+		return 1;
+	}
+	js->pos = 0;
+	g->wn = n;
+	// n + 1 steps: each takes at least one byte, but for the step that
+	// finds a body is an SSE stream, which takes its byte again.
+	gt_loop((int)n + 1, gt_ga_step, cx);
+	return 0;
+}
+
+// Walks len body bytes (a Content-Length body's, or a chunk's data) at ubuf
+// of the model exchange on connection conn_id in direction dir, a window of
+// the scratch at a time.
+__noinline int gt_scan_genai(__u64 conn_id, __u32 dir, __u64 ubuf, __u32 len)
+{
+	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &conn_id);
+	if (!g)
+		return 0;
+	struct gt_jscan *js = &g->js[dir & 1];
+	if (js->mode == GT_JM_DEAD)
+		return 0;
+	struct gt_scratch *sc = gt_get_scratch();
+	if (!sc)
+		return 0;
+	if (len > GT_GA_WINDOWS * GT_SCRATCH) {
+		js->cut = 1; // more than one syscall's walk: not followed
+		js->mode = GT_JM_DEAD;
+		return 0;
+	}
+	struct gt_ga_walk cx = {.g = g};
+	g->wdir = dir;
+	g->wubuf = ubuf;
+	g->wlen = len;
+	gt_loop((int)((len + GT_SCRATCH - 1) / GT_SCRATCH), gt_ga_window, &cx);
+	return 0;
+}
+
+// Body bytes of the model exchange that were not walked (past the iovec
+// segments the programs read, or framing lost): nothing of it is sure.
+__noinline int gt_genai_cut(__u64 conn_id, __u8 dir)
+{
+	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &conn_id);
+	if (g) {
+		g->js[dir & 1].cut = 1;
+		g->js[dir & 1].mode = GT_JM_DEAD;
+	}
+	return 0;
+}
+
+// A model request (index seq) starts on server connection c: its walk and
+// values begin. The route the gate just looked up (the scratch's route key:
+// "/v1/" then chat/completions, responses or messages) names the dialect.
+__noinline int gt_genai_begin(struct gt_conn *c, __u64 seq)
+{
+	__u32 zero = 0;
+	struct gt_scratch *sc = gt_get_scratch();
+	struct gt_genai *z = bpf_map_lookup_elem(&gt_genai_zero, &zero);
+	if (!c || !sc || !z)
+		return 0;
+	__u8 r = sc->route_key.path[4];
+	__u8 dialect = r == 'c' ? GT_GENAI_CHAT : r == 'r' ? GT_GENAI_RESPONSES : r == 'm' ? GT_GENAI_MESSAGES : 0;
+	if (!dialect)
+		return 0;
+	__builtin_memset(z, 0, sizeof(*z));
+	z->seq = seq;
+	z->dialect = dialect;
+	z->js[0].vfield = 0xff;
+	z->js[1].vfield = 0xff;
+	__u64 id = c->conn_id;
+	if (bpf_map_update_elem(&gt_genai, &id, z, BPF_ANY))
+		return 0;
+	c->genai_ring |= 1ULL << (seq & 63);
+	c->dir[0].scan_genai = 1; // a server reads its requests
+	return 1;
+}
+
+// Whether a body walk ended sure: all of its bytes walked, its JSON closed
+// (or its SSE stream at a line's start, outside any event).
+static __always_inline int gt_ga_whole(struct gt_jscan *js)
+{
+	if (js->cut)
+		return 0;
+	if (js->sse)
+		return js->mode == GT_JM_SSE_LINE && js->col == 0;
+	return js->mode == GT_JM_DONE;
+}
+
+static __always_inline void gt_ga_count(struct gt_genai *g, __u32 f)
+{
+	f &= 3;
+	if ((g->have >> f) & 1) {
+		gt_stat_add(GT_STAT_GENAI_READ, 1);
+		return;
+	}
+	__u8 why = g->seen & (1 << f) ? g->why[f] : GT_GW_NONE;
+	gt_stat_add(GT_STAT_GENAI_ABSENT + (why & 3), 1);
+}
+
+// The request's body ended (dir 0) or the response's (dir 1): settle its
+// fields, and with the response emit the record.
+__noinline int gt_genai_end(struct gt_conn *c, struct gt_io *io, __u32 dir)
+{
+	if (!c || !io)
+		return 0;
+	__u64 id = c->conn_id;
+	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &id);
+	if (!g)
+		return 0;
+	struct gt_jscan *js = &g->js[dir & 1];
+	int whole = gt_ga_whole(js);
+	if (dir == 0) {
+		if (!whole && g->have & (1 << GT_GA_REQ_MODEL))
+			gt_ga_fail(g, GT_GA_REQ_MODEL, GT_GW_INCOMPLETE);
+		else if (!whole && js->mode != GT_JM_START)
+			gt_ga_fail(g, GT_GA_REQ_MODEL, GT_GW_INCOMPLETE);
+		gt_ga_count(g, GT_GA_REQ_MODEL);
+		return 0;
+	}
+	if (!whole) {
+		if (g->have & (1 << GT_GA_RESP_MODEL) || js->mode != GT_JM_START)
+			gt_ga_fail(g, GT_GA_RESP_MODEL, GT_GW_INCOMPLETE);
+		if (g->have & (1 << GT_GA_IN) || js->mode != GT_JM_START)
+			gt_ga_fail(g, GT_GA_IN, GT_GW_INCOMPLETE);
+		if (g->have & (1 << GT_GA_OUT) || js->mode != GT_JM_START)
+			gt_ga_fail(g, GT_GA_OUT, GT_GW_INCOMPLETE);
+	}
+	gt_ga_count(g, GT_GA_RESP_MODEL);
+	gt_ga_count(g, GT_GA_IN);
+	gt_ga_count(g, GT_GA_OUT);
+	if (!g->have)
+		return 0;
+	struct genai_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e) {
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		c->gap |= GT_GAP_LOST;
+		return 0;
+	}
+	e->kind = GT_EV_GENAI;
+	e->dialect = g->dialect;
+	e->have = g->have;
+	e->sse = js->sse;
+	e->pid = io->tgid;
+	e->conn_id = id;
+	e->seq = g->seq;
+	e->input_tokens = g->tok[0];
+	e->output_tokens = g->tok[1];
+	e->req_model_len = (g->have & (1 << GT_GA_REQ_MODEL)) ? g->mlen[0] : 0;
+	e->resp_model_len = (g->have & (1 << GT_GA_RESP_MODEL)) ? g->mlen[1] : 0;
+	e->_pad = 0;
+	// A model kept is all that leaves: a value that was not one (its bytes
+	// up to where it failed) never does.
+	if (e->req_model_len)
+		__builtin_memcpy(e->req_model, g->model[0], GT_MODEL_MAX);
+	else
+		__builtin_memset(e->req_model, 0, GT_MODEL_MAX);
+	if (e->resp_model_len)
+		__builtin_memcpy(e->resp_model, g->model[1], GT_MODEL_MAX);
+	else
+		__builtin_memset(e->resp_model, 0, GT_MODEL_MAX);
+	gt_submit(e);
+	return 0;
+}
