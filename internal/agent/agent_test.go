@@ -60,12 +60,15 @@ func TestGateFlags(t *testing.T) {
 			t.Errorf("gateFlags(%+v) = %#x, want %#x", c, got, c.want)
 		}
 	}
-	// The defaults read both.
+	if got := gateFlags(&config.Config{GenAI: true}); got != loader.CfgGenAI {
+		t.Errorf("gateFlags(GenAI) = %#x, want CfgGenAI", got)
+	}
+	// The defaults read all three.
 	cfg, err := (&config.Loader{LookupEnv: func(string) (string, bool) { return "", false }}).Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := gateFlags(cfg); got != loader.CfgRolloutIDs|loader.CfgReward {
+	if got := gateFlags(cfg); got != loader.CfgRolloutIDs|loader.CfgReward|loader.CfgGenAI {
 		t.Errorf("default gate flags %#x", got)
 	}
 }
@@ -78,7 +81,8 @@ func TestKernelCounters(t *testing.T) {
 	}
 	got := kernelCounters(st)
 	for name, slot := range map[string]uint32{"fresh_conns": loader.StatFresh, "reward_found": loader.StatRewardFound,
-		"reward_missed": loader.StatRewardMissed, "not_http": loader.StatNotHTTP} {
+		"reward_missed": loader.StatRewardMissed, "not_http": loader.StatNotHTTP, "genai_read": loader.StatGenAIRead,
+		"genai_absent": loader.StatGenAIAbsent, "genai_incomplete": loader.StatGenAIIncomplete} {
 		if got[name] != uint64(1000+slot) {
 			t.Errorf("%s = %d, want slot %d", name, got[name], slot)
 		}

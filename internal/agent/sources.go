@@ -110,6 +110,14 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		// nothing by count across the gap; body_gap ones were skipped exactly.
 		"stream_gap":      st[loader.StatStreamGap],
 		"stream_body_gap": st[loader.StatStreamGapBody],
+		// Model exchanges' GenAI fields (request model, response model,
+		// input tokens, output tokens), one count per field: read, or why
+		// not (bpf/http_genai.h, docs/security.md).
+		"genai_read":       st[loader.StatGenAIRead],
+		"genai_absent":     st[loader.StatGenAIAbsent],
+		"genai_ambiguous":  st[loader.StatGenAIAmbiguous],
+		"genai_malformed":  st[loader.StatGenAIMalformed],
+		"genai_incomplete": st[loader.StatGenAIIncomplete],
 	}
 }
 
