@@ -21,8 +21,10 @@ func (t *agent) applyMask(c *config.Config) error {
 }
 
 // gateFlags says which body values the kernel reads: rollout ids from /run
-// requests (--rollout-ids) and the reward from /verify responses (--reward),
-// each only while its group (rollout, verify) is enabled in the mask; and
+// requests (--rollout-ids), the reward from /verify responses (--reward),
+// each only while its group (rollout, verify) is enabled in the mask, and
+// model names and token counts from model exchanges (--genai, while
+// model_call or rollout is); and
 // whether requests their caller did not sample are copied out anyway, for
 // Gym's metrics (exported over OTLP or on --metrics-addr).
 func gateFlags(c *config.Config) uint32 {
@@ -32,6 +34,9 @@ func gateFlags(c *config.Config) uint32 {
 	}
 	if c.Reward {
 		flags |= loader.CfgReward
+	}
+	if c.GenAI {
+		flags |= loader.CfgGenAI
 	}
 	if c.GymMetrics && (c.Exporter == config.ExporterOTLP || c.MetricsAddr != "") {
 		flags |= loader.CfgKeepUnsampled

@@ -40,6 +40,7 @@ type Config struct {
 	InjectForce  bool    // inject even where the start-up self-test found a kernel misreport (inject.SelfTest)
 	RolloutIDs   bool    // read rollout ids from /run request bodies in the kernel
 	Reward       bool    // read the reward number from /verify response bodies in the kernel (verify group)
+	GenAI        bool    // read model names and token counts from model servers' bodies in the kernel (model_call or rollout)
 	RingbufBytes int     // BPF ring-buffer size, a power of two
 	LogLevel     string  // debug, info, warn, error
 	ConfigPath   string  // the YAML file read, "" when none
@@ -92,6 +93,7 @@ func defaults() *Config {
 		GymMetrics:   true,
 		RolloutIDs:   true,
 		Reward:       true,
+		GenAI:        true,
 		RingbufBytes: DefaultRingbufBytes,
 		LogLevel:     "info",
 		Sources:      map[string]string{},

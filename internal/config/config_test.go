@@ -63,7 +63,7 @@ func TestDefaults(t *testing.T) {
 	c := mustLoad(t, nil, nil, "")
 	want := &Config{
 		SpanGroups: "default", Mask: groups.DefaultMask, Discover: true, OTLPTimeout: 10 * time.Second,
-		Exporter: "tree", Output: "-", SampleRatio: 1, Inject: true, RolloutIDs: true, Reward: true, GymMetrics: true,
+		Exporter: "tree", Output: "-", SampleRatio: 1, Inject: true, RolloutIDs: true, Reward: true, GenAI: true, GymMetrics: true,
 		RingbufBytes: 8 << 20, LogLevel: "info", Sources: map[string]string{},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -185,6 +185,7 @@ func TestEveryFlagInSection(t *testing.T) {
   inject_force: true
   rollout_ids: no
   reward: false
+  genai: false
   ringbuf_bytes: 16MiB
   log_level: debug
 `
@@ -195,7 +196,7 @@ func TestEveryFlagInSection(t *testing.T) {
 	}
 	if c.OTLPEndpoint != "https://otel.example:4317" || c.OTLPInsecure || c.OTLPHeaders["authorization"] != "Bearer x" ||
 		c.OTLPTimeout != 3*time.Second || c.Exporter != "otlp" || c.MetricsAddr != ":9464" || c.GymMetrics || c.SampleRatio != 0.25 ||
-		c.Inject || !c.InjectForce || c.RolloutIDs || c.Reward || c.RingbufBytes != 16<<20 || c.LogLevel != "debug" || c.Level() != slog.LevelDebug {
+		c.Inject || !c.InjectForce || c.RolloutIDs || c.Reward || c.GenAI || c.RingbufBytes != 16<<20 || c.LogLevel != "debug" || c.Level() != slog.LevelDebug {
 		t.Errorf("%+v", c)
 	}
 	// Every setting but config must be settable in the section.
@@ -241,6 +242,15 @@ func TestConfigFromEnv(t *testing.T) {
 	c := mustLoad(t, nil, map[string]string{"GYMTRACE_CONFIG": p}, "")
 	if c.Mask != groups.AllMask || c.ConfigPath != p {
 		t.Errorf("GYMTRACE_CONFIG: %v", c.Mask.Names())
+	}
+}
+
+func TestGenAIFromEnv(t *testing.T) {
+	if c := mustLoad(t, nil, nil, ""); !c.GenAI {
+		t.Error("--genai is on by default")
+	}
+	if c := mustLoad(t, nil, map[string]string{"GYMTRACE_GENAI": "false"}, ""); c.GenAI {
+		t.Error("GYMTRACE_GENAI=false left it on")
 	}
 }
 
@@ -363,9 +373,9 @@ func TestSecretsNotInErrors(t *testing.T) {
 }
 
 func TestGoodValues(t *testing.T) {
-	c := mustLoad(t, []string{"--ringbuf-bytes", "4096", "--inject=false", "--rollout-ids=0", "--reward=false", "--log-level", "WARNING",
+	c := mustLoad(t, []string{"--ringbuf-bytes", "4096", "--inject=false", "--rollout-ids=0", "--reward=false", "--genai=false", "--log-level", "WARNING",
 		"--exporter", "JSONL", "--output", "/tmp/x.jsonl", "--otlp-endpoint", "collector:4317", "--otlp-insecure"}, nil, "")
-	if c.RingbufBytes != 4096 || c.Inject || c.RolloutIDs || c.Reward || c.LogLevel != "warn" || c.Exporter != "jsonl" ||
+	if c.RingbufBytes != 4096 || c.Inject || c.RolloutIDs || c.Reward || c.GenAI || c.LogLevel != "warn" || c.Exporter != "jsonl" ||
 		c.Output != "/tmp/x.jsonl" || !c.OTLPInsecure {
 		t.Errorf("%+v", c)
 	}

@@ -118,6 +118,9 @@ var settings = []Setting{
 	{Flag: "reward", Default: "true", IsBool: true,
 		Usage: "read only the reward number from /verify response bodies, behind the verify span group (read only while it is enabled; only that number leaves the kernel)",
 		apply: func(c *Config, v value) error { return setBool(&c.Reward, v) }},
+	{Flag: "genai", Default: "true", IsBool: true,
+		Usage: "read only model names and token counts from model servers' bodies (model_call or rollout groups; only those values leave the kernel): gen_ai.* attributes and per-rollout token totals",
+		apply: func(c *Config, v value) error { return setBool(&c.GenAI, v) }},
 	{Flag: "ringbuf-bytes", Default: "8MiB",
 		Usage: "BPF ring-buffer size: a power of two, at least one page (bytes, or with KiB/MiB/GiB)",
 		apply: func(c *Config, v value) error {

@@ -47,6 +47,8 @@ type AssemblerStats struct {
 	Evicted                     uint64 // exchanges given up after MaxAge
 	ResponsesLost               uint64 // exchanges whose response record never came while a later one did, or the close said it ended (ErrResponseLost)
 	OutOfOrder                  uint64 // requests whose index was not above their connection's newest (dropped)
+	GenAI                       uint64 // GenAI records consumed (model exchanges' values, AddGenAI)
+	GenAIOrphans                uint64 // ... whose request was not waiting for its response (dropped)
 	OpenConns                   int
 	OpenExchanges               int
 }

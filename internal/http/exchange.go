@@ -104,6 +104,11 @@ type Exchange struct {
 	Reward    float64
 	HasReward bool
 
+	// GenAI holds the model names and token counts the kernel read from a
+	// model exchange's bodies (server side, model_call or rollout on, with
+	// --genai; bpf/http_genai.h); nil when it read none.
+	GenAI *GenAI
+
 	// CLOCK_MONOTONIC nanoseconds: first and last byte of the request and of
 	// the response crossing a syscall. RespStart/RespEnd are the moment of the
 	// close or eviction when there was no response.

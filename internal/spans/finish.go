@@ -64,6 +64,15 @@ func (b *Builder) emitServer(in *inbound) {
 	if b.role(in.proc, x) == groups.RoleUnknown && roleSensitive(x.Method, x.Path) {
 		rc = &reclass{method: x.Method, path: x.Path, cands: in.gymCands}
 	}
+	// A model call: its GenAI values on its gym.model.* span, or on its
+	// SERVER span when model_call is off; its tokens in its rollout's sum.
+	model := isModelCall(in)
+	var ga *GenAIMeasures
+	if model {
+		addToRollout(in)
+		ga = genaiMeasures(in)
+	}
+	genaiOnServer := model && x.GenAI != nil && (in.gym == nil || in.gym.alias)
 	if in.server != nil {
 		name := serverSpanName(x.Method, in.ri.route)
 		attrs := make([]attribute.KeyValue, 0, 14)
@@ -82,7 +91,10 @@ func (b *Builder) emitServer(in *inbound) {
 		if errType != "" {
 			attrs = append(attrs, attribute.String("error.type", errType))
 		}
-		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, start, end, attrs, status, msg, in.proc, rc, nil)
+		if genaiOnServer {
+			attrs = genaiAttrs(attrs, x.GenAI)
+		}
+		b.emit(in.server, name, trace.SpanKindServer, groups.Server, x, start, end, attrs, status, msg, in.proc, rc, nil, nil)
 	}
 	if in.gym != nil && !in.gym.alias {
 		attrs := b.appendGym(make([]attribute.KeyValue, 0, 3), in.proc, in.rollout)
@@ -90,7 +102,24 @@ func (b *Builder) emitServer(in *inbound) {
 		if in.gym.prov {
 			gymRC = rc
 		}
-		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, start, end, attrs, status, msg, in.proc, nil, gymRC)
+		var add func(*Measures)
+		switch {
+		case model:
+			if x.GenAI != nil {
+				attrs = genaiAttrs(attrs, x.GenAI)
+			}
+			add = func(ms *Measures) {
+				ms.GenAI = ga
+				if x.RespStart >= x.ReqStart && x.Status > 0 {
+					ms.TTFB = x.RespStart - x.ReqStart
+				}
+			}
+		case in.ri.gymGroup == groups.Rollout:
+			attrs = rolloutAttrs(attrs, in.sum)
+			rm := rolloutMeasures(in.sum)
+			add = func(ms *Measures) { ms.Rollout = rm }
+		}
+		b.emit(in.gym, in.ri.gymSpan, trace.SpanKindInternal, in.ri.gymGroup, x, start, end, attrs, status, msg, in.proc, nil, gymRC, add)
 	}
 }
 
@@ -140,7 +169,7 @@ func (b *Builder) finishClient(out *outbound) {
 		name = "HTTP"
 	}
 	start, end := spanBounds(x)
-	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, start, end, attrs, status, msg, out.proc, nil, nil)
+	b.emit(out.client, name, trace.SpanKindClient, groups.HTTPClient, x, start, end, attrs, status, msg, out.proc, nil, nil, nil)
 }
 
 func serverStatus(x *http.Exchange) (codes.Code, string, string) {
@@ -207,7 +236,7 @@ func childOf(n, parent *node) bool {
 }
 
 func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group, x *http.Exchange, start, end uint64,
-	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass) {
+	attrs []attribute.KeyValue, status codes.Code, msg string, p *discover.Process, server, gym *reclass, add func(*Measures)) {
 	// A lost response record: the span ends at the latest moment its
 	// response can have ended (http.ErrResponseLost), and says it is cut.
 	truncated := x.Err == http.ErrShutdown || x.Err == http.ErrEvicted || x.Err == http.ErrResponseLost
@@ -222,6 +251,9 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 	}
 	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host, Status: x.Status,
 		Reward: x.Reward, HasReward: x.HasReward}
+	if add != nil {
+		add(&ms)
+	}
 	b.emitHeld(n, name, kind, g, start, end, truncated, attrs, status, msg, p, x.Role, server, gym, ms)
 }
 

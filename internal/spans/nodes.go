@@ -78,6 +78,7 @@ type inbound struct {
 	ctxKeys  []ctxKey
 	mark     uint64
 	shadowed uint64
+	sum      *rolloutSum // a /run's model calls so far (genai.go)
 }
 
 // outbound is a request a traced process is making.

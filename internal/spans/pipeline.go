@@ -39,6 +39,15 @@ func (p *Pipeline) Builder() *Builder { return p.b }
 func (p *Pipeline) Process(raw []byte) ([]Span, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(raw) > 0 && raw[0] == loader.EvGenAI {
+		ev, g, ok := http.DecodeGenAI(raw)
+		if !ok {
+			p.decodeErr++
+			return nil, &http.DecodeError{Reason: "a GenAI record that does not decode"}
+		}
+		p.asm.AddGenAI(ev.ConnId, ev.Seq, g)
+		return nil, nil
+	}
 	if err := http.DecodeInto(&p.ev, raw); err != nil {
 		p.decodeErr++
 		return nil, err

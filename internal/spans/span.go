@@ -44,4 +44,28 @@ type Measures struct {
 	// (gym.verify spans); HasReward is false when it was not found.
 	Reward    float64
 	HasReward bool
+	// GenAI is what the kernel read of a model call (gym.model.* spans,
+	// and the SERVER span of one when model_call is off); nil otherwise.
+	GenAI *GenAIMeasures
+	// TTFB is a model call's time to its first response byte, from its
+	// request's first byte, as the model server's syscalls saw them (ns).
+	TTFB uint64
+	// Rollout holds a gym.rollout span's totals; nil on other spans.
+	Rollout *RolloutMeasures
+}
+
+// GenAIMeasures are a model call's values the kernel read (http.GenAI).
+type GenAIMeasures struct {
+	Dialect             string // nemo.gym.model.dialect: chat_completions, responses, messages
+	ReqModel, RespModel string // "" when not read
+	Input, Output       int
+	HasInput, HasOutput bool
+}
+
+// RolloutMeasures are a rollout's totals over the model calls its /run made.
+type RolloutMeasures struct {
+	ModelCalls                int
+	InputTokens, OutputTokens int
+	HasInput, HasOutput       bool      // every call's count was read
+	TurnGapsMs                []float64 // between consecutive model calls' starts
 }
