@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +48,7 @@ type proc struct {
 	srvDur, cliDur          [2]metric.Float64Histogram // [old, new]; nil when that convention is off
 	srvReq, srvResp         [2]metric.Int64Histogram
 	verifyOK, verifyAll     uint64
+	gi                      genaiInst // model, tool, rollout and turn instruments (genai.go)
 
 	series map[string]map[attribute.Distinct]struct{} // under Recorder.mu
 	// sets: the attribute set each HTTP measurement's inputs gave, so a
@@ -103,6 +105,7 @@ func newProc(r *Recorder, p discover.Process) *proc {
 	pr.reward, _ = m.Float64Histogram(VerifyReward, metric.WithUnit("1"),
 		metric.WithDescription("Reward returned by /verify (read by gymtrace from the response)"),
 		metric.WithExplicitBucketBoundaries(rewardBuckets...))
+	pr.gi = newGenAIInst(m)
 	if r.cfg.Semconv&SemconvOld != 0 {
 		pr.srvDur[0], _ = m.Float64Histogram(ServerDurationOld, metric.WithUnit("ms"),
 			metric.WithDescription("Measures the duration of inbound HTTP requests."))
@@ -202,6 +205,7 @@ const (
 	kindClient
 	kindRollout
 	kindVerify
+	kindModel
 )
 
 func measureKind(s *spans.Span) kind {
@@ -214,6 +218,8 @@ func measureKind(s *spans.Span) kind {
 		return kindRollout
 	case s.Name == "gym.verify":
 		return kindVerify
+	case strings.HasPrefix(s.Name, "gym.model."):
+		return kindModel
 	}
 	return kindNone
 }
@@ -231,6 +237,9 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 	case kindRollout:
 		pr.rollout.Record(ctx, ms(d), noAttrs)
 		r.sum.rollout(s.End, d)
+		r.measureRollout(pr, s)
+	case kindModel:
+		r.measureModel(pr, s)
 	case kindVerify:
 		pr.verify.Record(ctx, ms(d), noAttrs)
 		pr.verifyAll++
@@ -268,6 +277,9 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 			pr.srvDur[i].Record(ctx, v, set)
 			pr.srvReq[i].Record(ctx, int64(s.Measures.ReqBody), set)
 			pr.srvResp[i].Record(ctx, int64(s.Measures.RespBody), set)
+		}
+		if k == kindServer {
+			r.measureTool(pr, s, &e)
 		}
 	}
 }
