@@ -22,6 +22,7 @@ from fastapi import FastAPI, HTTPException, Request
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.sessions import SessionMiddleware
 
+import genai
 import stacklib
 
 CLASS_NAME = "SimpleAgent"
@@ -175,9 +176,15 @@ def build_app(cfg, truth, client, base_middleware):
             metadata = {"gt_fail": knobs["fail"]} if knobs.get("fail") and k == 0 else None
             if knobs.get("body_kib"):
                 metadata = dict(metadata or {}, gt_pad_kib=int(knobs["body_kib"]))
+            body, stream = model_body(route, messages, knobs.get("stream"), metadata), bool(knobs.get("stream"))
+            if knobs.get("genai") is not None:
+                # Known models and token counts in every form (genai.py).
+                f = genai.form(int(knobs["genai"]), k)
+                route, stream = f["dialect"], f["stream"]
+                body = genai.request_body(f, genai.model_name(rollout_id, k), messages,
+                                          model_body(route, [], False, None)["tools"])
             m = await client.post(model_url + prefix + MODEL_ROUTES[route], cause=cause, rollout_id=rollout_id, cookies=cookies,
-                                  json_body=model_body(route, messages, knobs.get("stream"), metadata),
-                                  stream=bool(knobs.get("stream")))
+                                  json_body=body, stream=stream)
             expect_ok(m, f"model {MODEL_ROUTES[route]}")
             args = tool_call_args(route, m.body)
             t = await client.post(resources_url + prefix + "/get_weather", cause=cause, rollout_id=rollout_id, cookies=cookies,

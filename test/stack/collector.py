@@ -46,6 +46,8 @@ def build_row(a, i):
     knobs["model_route"] = ROUTES[i % 3] if a.model_route == "mixed" else a.model_route
     if a.stream:
         knobs["stream"] = True
+    if a.genai:
+        knobs["genai"] = i
     if a.prefix == "all" or (a.prefix == "mixed" and i % 2 == 1):
         knobs["prefix"] = True
     if a.sandbox:
@@ -142,6 +144,8 @@ def main():
     p.add_argument("--model-route", choices=ROUTES + ["mixed", "cycle"], default="responses",
                    help="model route; mixed = by rollout, cycle = by turn")
     p.add_argument("--stream", action="store_true", help="model answers as SSE streams")
+    p.add_argument("--genai", action="store_true",
+                   help="model calls in every dialect and form with known models and token counts (genai.py)")
     p.add_argument("--large-bodies", action="store_true",
                    help="80-200 KiB conversations in /run, agent and model bodies both ways; _ng_* keys last")
     p.add_argument("--prefix", choices=["none", "all", "mixed"], default="none",

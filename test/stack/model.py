@@ -14,9 +14,10 @@ import os
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware.sessions import SessionMiddleware
 
+import genai
 import stacklib
 
 CLASS_NAME = "SimpleModelServer"
@@ -64,6 +65,19 @@ def messages_payload(body):
     }
 
 
+class GenAIResponse(Response):
+    """An answer with known models and token counts in the form the request
+    asks for (genai.py)."""
+
+    def __init__(self, f, req_model, tool_args):
+        super().__init__()
+        self.f, self.req_model, self.tool_args = f, req_model, tool_args
+
+    async def __call__(self, scope, receive, send):
+        await genai.answer(self.f, self.req_model, self.tool_args,
+                           lambda pieces, chunked, media_type: genai.asgi_send(send, pieces, chunked, media_type))
+
+
 def sse(event, data):
     head = f"event: {event}\n" if event else ""
     return (head + "data: " + (data if isinstance(data, str) else json.dumps(data)) + "\n\n").encode()
@@ -103,6 +117,9 @@ def build_app(cfg, truth, client, latency_s, chunks, chunk_gap_s):
         fail = (body.get("metadata") or {}).get("gt_fail")
         if fail:
             return JSONResponse({"error": {"message": "injected failure", "type": "server_error"}}, status_code=int(fail))
+        gf = (body.get("metadata") or {}).get("gt_genai")
+        if gf:
+            return GenAIResponse(gf, str(body.get("model")), tool_args(body))
         payload = build(body)
         pad = int((body.get("metadata") or {}).get("gt_pad_kib", 0))
         if pad:
