@@ -132,6 +132,7 @@ func (b *Builder) finishClient(out *outbound) {
 			b.dropEmpty(k, q)
 		}
 	}
+	countMadeCall(out)
 	if out.client == nil {
 		return
 	}

@@ -24,7 +24,13 @@ type rolloutSum struct {
 	input, output   int
 	inMiss, outMiss int      // calls whose count the kernel did not read
 	starts          []uint64 // the calls' request starts (kernel ns), for the turn gaps
+	// made: the model calls the rollout's handlers made, as their CLIENT
+	// exchanges say; a sum over fewer answered calls than that is short.
+	made int
 }
+
+// whole: every model call the rollout made was answered and counted.
+func (s *rolloutSum) whole() bool { return s.made == s.calls }
 
 // genaiAttrs are the OTel GenAI attributes of one model call.
 //
@@ -82,6 +88,37 @@ func rolloutOf(in *inbound) *inbound {
 	return nil
 }
 
+// modelRoutes are the model server's routes (the /ng-rollout/<id> prefix
+// stripped).
+var modelRoutes = map[string]bool{"/v1/chat/completions": true, "/v1/responses": true, "/v1/messages": true}
+
+// countMadeCall counts an agent's finished call to a model server in its
+// rollout's calls made: a model route addressed to another process than the
+// agent (whose own /v1/responses is a model route's path too): not to the
+// port its /run came in on.
+func countMadeCall(out *outbound) {
+	if out.via == nil {
+		return
+	}
+	rest, _ := groups.StripRolloutPrefix(out.x.Path)
+	if !modelRoutes[rest] || out.x.Method != "POST" {
+		return
+	}
+	var r *inbound
+	if out.via.ri.gymSpan != "" && out.via.ri.gymGroup == groups.Rollout {
+		r = out.via
+	} else {
+		r = rolloutOf(out.via)
+	}
+	if r == nil || out.x.Remote.Port() == r.x.Local.Port() {
+		return
+	}
+	if r.sum == nil {
+		r.sum = &rolloutSum{}
+	}
+	r.sum.made++
+}
+
 // addToRollout counts a finished model call in its rollout's totals.
 func addToRollout(in *inbound) {
 	r := rolloutOf(in)
@@ -113,7 +150,10 @@ func rolloutAttrs(attrs []attribute.KeyValue, s *rolloutSum) []attribute.KeyValu
 	if s == nil {
 		return append(attrs, attribute.Int("nemo.gym.rollout.model_calls", 0))
 	}
-	attrs = append(attrs, attribute.Int("nemo.gym.rollout.model_calls", s.calls))
+	attrs = append(attrs, attribute.Int("nemo.gym.rollout.model_calls", max(s.calls, s.made)))
+	if !s.whole() {
+		return attrs // a call made that no answered one matches: the sums would be short
+	}
 	if s.inMiss == 0 {
 		attrs = append(attrs, attribute.Int("nemo.gym.rollout.input_tokens", s.input))
 	}
@@ -130,9 +170,9 @@ func rolloutMeasures(s *rolloutSum) *RolloutMeasures {
 	if s == nil {
 		return m
 	}
-	m.ModelCalls = s.calls
-	m.InputTokens, m.HasInput = s.input, s.inMiss == 0
-	m.OutputTokens, m.HasOutput = s.output, s.outMiss == 0
+	m.ModelCalls = max(s.calls, s.made)
+	m.InputTokens, m.HasInput = s.input, s.inMiss == 0 && s.whole()
+	m.OutputTokens, m.HasOutput = s.output, s.outMiss == 0 && s.whole()
 	st := slices.Clone(s.starts)
 	slices.Sort(st)
 	for i := 1; i < len(st); i++ {
