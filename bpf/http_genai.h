@@ -730,6 +730,16 @@ __noinline int gt_genai_end(struct gt_conn *c, struct gt_io *io, __u32 dir)
 		return 0;
 	struct gt_jscan *js = &g->js[dir & 1];
 	int whole = gt_ga_whole(js);
+	// Pipelining: a later request began (and took the entry) before this
+	// message ended, so what the entry holds is not all this message's.
+	__u64 idx = dir == 0 ? c->req_seq - 1 : c->resp_seq - 1;
+	if (g->seq != idx) {
+		gt_stat_add(GT_STAT_GENAI_INCOMPLETE, dir == 0 ? 1 : 3);
+		js->mode = GT_JM_DEAD;
+		return 0;
+	}
+	if (dir == 1)
+		js->mode = GT_JM_DEAD; // nothing more on this entry's response
 	if (dir == 0) {
 		if (!whole && g->have & (1 << GT_GA_REQ_MODEL))
 			gt_ga_fail(g, GT_GA_REQ_MODEL, GT_GW_INCOMPLETE);

@@ -89,6 +89,9 @@ func genaiExchange(t *testing.T, r *rig, path, reqBody string, reqSplits []int, 
 	return GenAIEvent{}, false
 }
 
+// readResponse consumes one Content-Length response.
+func readResponse(br *bufio.Reader) (string, error) { return readRequest(br) }
+
 func chunk(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
 
 const sseHead = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -256,6 +259,57 @@ func TestGenAIWalk(t *testing.T) {
 	if bad > 0 {
 		t.Fatalf("%d cuts read wrong", bad)
 	}
+
+	// Pipelining: the second request begins before the first answer, so
+	// the first answer's values are not taken for either; the second
+	// request's model still is.
+	t.Run("pipelined", func(t *testing.T) {
+		addr := server(t, func(c net.Conn) {
+			br := bufio.NewReaderSize(c, 1<<16)
+			for i := 0; i < 2; i++ {
+				if _, err := readRequest(br); err != nil {
+					return
+				}
+			}
+			writeAll(t, c, jsonResp(`{"model": "r0", "usage": {"prompt_tokens": 1, "completion_tokens": 2}}`)+
+				jsonResp(`{"model": "r1", "usage": {"prompt_tokens": 3, "completion_tokens": 4}}`))
+		})
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		req := func(m string) string {
+			b := `{"model": "` + m + `"}`
+			return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: model\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+		}
+		writeAll(t, c, req("q0")+req("q1"))
+		br := bufio.NewReader(c)
+		for i := 0; i < 2; i++ {
+			if _, err := readResponse(br); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s := r.waitFor(2, onConn(c, EvResponse, SideServer))
+		if len(s) != 2 {
+			t.Fatalf("server responses: %d", len(s))
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		n := 0
+		for _, g := range r.ga {
+			if g.ConnId != s[0].ConnId {
+				continue
+			}
+			n++
+			if g.Seq != 1 || g.Have != GenAIReqModel || string(g.ReqModel[:g.ReqModelLen]) != "q1" {
+				t.Errorf("pipelined: a record seq %d have %#x req %q resp %q", g.Seq, g.Have, g.ReqModel[:g.ReqModelLen], g.RespModel[:g.RespModelLen])
+			}
+		}
+		if n != 1 {
+			t.Errorf("pipelined: %d records, want 1 (the second request's model)", n)
+		}
+	})
 
 	t.Run("flag off", func(t *testing.T) {
 		r.setGate(allGroups, 0)
