@@ -13,7 +13,7 @@ import (
 // as the kernel emits it: before the response record.
 func (k *call) genai(req, resp string, in, out uint32) {
 	ev := loader.GenAIEvent{Kind: loader.EvGenAI, Dialect: loader.DialectResponses, ConnId: k.c.srvConn, Seq: k.seq,
-		Have: loader.GenAIReqModel | loader.GenAIRespModel | loader.GenAIInput | loader.GenAIOutput,
+		Have:        loader.GenAIReqModel | loader.GenAIRespModel | loader.GenAIInput | loader.GenAIOutput,
 		InputTokens: in, OutputTokens: out}
 	ev.ReqModelLen = uint16(copy(ev.ReqModel[:], req))
 	ev.RespModelLen = uint16(copy(ev.RespModel[:], resp))

@@ -25,7 +25,9 @@ func genaiExpected(reqModel string) (model string, in, out int) {
 	return reqModel + "-r", 100 + int(c%100000), 1 + int((c>>17)%5000)
 }
 
-func genaiModelName(rolloutID string, turn int) string { return fmt.Sprintf("m-%s-t%d", rolloutID, turn) }
+func genaiModelName(rolloutID string, turn int) string {
+	return fmt.Sprintf("m-%s-t%d", rolloutID, turn)
+}
 
 func TestGenAITokens(t *testing.T) {
 	needRoot(t)
