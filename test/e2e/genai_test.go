@@ -25,6 +25,11 @@ func genaiExpected(reqModel string) (model string, in, out int) {
 	return reqModel + "-r", 100 + int(c%100000), 1 + int((c>>17)%5000)
 }
 
+const (
+	gymRolloutInput  = "gym.rollout.input_tokens"
+	gymRolloutOutput = "gym.rollout.output_tokens"
+)
+
 func genaiModelName(rolloutID string, turn int) string {
 	return fmt.Sprintf("m-%s-t%d", rolloutID, turn)
 }
@@ -69,8 +74,9 @@ func TestGenAITokens(t *testing.T) {
 func runGenAI(t *testing.T, stackArgs []string, groups string) {
 	const n, conc, turns = 24, 4, 3
 	st := startStack(t, t, stackArgs...)
-	out := filepath.Join(t.TempDir(), "spans.jsonl")
-	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: groups, jsonl: out})
+	sk := startSink(t)
+	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: groups, otlp: sk.endpoint(),
+		env: []string{"OTEL_METRIC_EXPORT_INTERVAL=500"}})
 	sum := st.collect(t, n, conc, true, "--turns", fmt.Sprint(turns), "--genai")
 	agent, model, res := st.server("agent").PID, st.server("model").PID, st.server("resources").PID
 
@@ -126,11 +132,23 @@ func runGenAI(t *testing.T, stackArgs []string, groups string) {
 	} else if c, _ := promHist(fams, "gen_ai_client_token_usage", model); c != 0 {
 		t.Errorf("gen_ai.client.token.usage made with model_call off: %d values", c)
 	}
+	// OTLP: the sink's metrics service received the same sums.
+	sinkOut := strings.TrimSuffix(sk.out, filepath.Ext(sk.out)) + ".metrics.jsonl"
+	var pts map[string]map[int]sinkPoint
+	waitFor(t, 20*time.Second, "the OTLP sink to receive every rollout's token sums", func() bool {
+		pts = sinkLatest(t, sinkOut)
+		return pts[gymRolloutInput][agent].Count >= n && pts[gymRolloutOutput][agent].Count >= n
+	})
+	for name, want := range map[string]int{gymRolloutInput: wantIn, gymRolloutOutput: wantOut} {
+		if p := pts[name][agent]; p.Count != n || int(anyFloat(p.Sum)) != want {
+			t.Errorf("OTLP %s: %d rollouts, sum %v; want %d, %d", name, p.Count, p.Sum, n, want)
+		}
+	}
 	gt.settle(t, 1)
 	gt.shutdown(t)
 
 	// Every model call: its exact values.
-	spans := newSpanSet(readSpans(t, out))
+	spans := newSpanSet(readSpans(t, sk.out))
 	callName := func(s Span) bool { return strings.HasPrefix(s.Name, "gym.model.") }
 	if !perRollout {
 		callName = func(s Span) bool { return s.PID() == model && s.Kind == "SERVER" && s.Attr("http.route") != "/" }
