@@ -344,7 +344,6 @@ enum gt_prof_section {
 	GT_PROF_PEEK = 16,       // gt_peek_start + classify
 	GT_PROF_PY_UVWRITE = 17, // the uvloop write probe
 	GT_PROF_REWARD = 18,     // gt_scan_reward
-	GT_PROF_GENAI = 19,      // gt_scan_genai
 	GT_PROF_MAX = 24,
 };
 

@@ -415,7 +415,6 @@ const (
 	bpfGtProfSectionGT_PROF_PEEK       bpfGtProfSection = 16
 	bpfGtProfSectionGT_PROF_PY_UVWRITE bpfGtProfSection = 17
 	bpfGtProfSectionGT_PROF_REWARD     bpfGtProfSection = 18
-	bpfGtProfSectionGT_PROF_GENAI      bpfGtProfSection = 19
 	bpfGtProfSectionGT_PROF_MAX        bpfGtProfSection = 24
 )
 
