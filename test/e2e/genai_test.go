@@ -71,6 +71,46 @@ func TestGenAITokens(t *testing.T) {
 	}
 }
 
+// TestGenAIOff: --genai=false reads nothing: no gen_ai.* attribute, no
+// rollout sums, no GenAI counter moves; the spans are all there.
+func TestGenAIOff(t *testing.T) {
+	needRoot(t)
+	needStack(t)
+	const n, turns = 6, 3
+	st := startStack(t, t, "--loop", "uvloop", "--http", "httptools")
+	out := filepath.Join(t.TempDir(), "spans.jsonl")
+	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: "per_rollout", jsonl: out, extra: []string{"--genai=false"}})
+	st.collect(t, n, 2, true, "--turns", fmt.Sprint(turns), "--genai")
+	m := gt.settle(t, 1)
+	gt.shutdown(t)
+	for k, v := range m {
+		if strings.Contains(k, `reason="genai_`) && v != 0 {
+			t.Errorf("%s = %v with --genai=false", k, v)
+		}
+	}
+	spans := newSpanSet(readSpans(t, out))
+	calls, rollouts := 0, 0
+	for _, s := range spans.all {
+		for k := range s.Attributes {
+			if strings.HasPrefix(k, "gen_ai.") || strings.HasSuffix(k, "_tokens") {
+				t.Errorf("%s on %v with --genai=false", k, s)
+			}
+		}
+		if strings.HasPrefix(s.Name, "gym.model.") {
+			calls++
+		}
+		if s.Name == "gym.rollout" {
+			rollouts++
+			if s.AttrInt("nemo.gym.rollout.model_calls") != turns {
+				t.Errorf("rollout without its call count: %v", s.Attributes)
+			}
+		}
+	}
+	if calls != n*turns || rollouts != n {
+		t.Errorf("%d model calls and %d rollouts, want %d and %d", calls, rollouts, n*turns, n)
+	}
+}
+
 func runGenAI(t *testing.T, stackArgs []string, groups string) {
 	const n, conc, turns = 24, 4, 3
 	st := startStack(t, t, stackArgs...)
