@@ -86,11 +86,41 @@ __noinline int gt_conn_new(struct gt_io *io, long ret)
 	return 0;
 }
 
+static __always_inline int gt_in_flight(struct gt_conn *c)
+{
+	return c->emitted_ring && (c->req_seq != c->resp_seq || c->dir[0].phase > GT_PH_IDLE ||
+				   c->dir[1].phase > GT_PH_IDLE);
+}
+
+// The entry's socket is no longer the one behind its fd: the close went
+// unseen (gt_enter_close skipped by a kernel that held bpf_prog_active, or
+// a close gymtrace does not hook: dup2 over it, close_range), and the fd was
+// given to a new socket. Left alone, the new connection would carry the old
+// one's request counts, id and tuple, and be paired as the old one. Ended
+// here as gt_enter_close ends it; the caller follows the new one afresh.
+__noinline int gt_conn_stale(struct gt_io *io, struct gt_conn *c)
+{
+	if (!io || !c || !c->sk)
+		return 0;
+	if (gt_fd_sk(io->fd) == (struct sock *)c->sk)
+		return 0;
+	gt_stat_add(GT_STAT_STALE_CONN, 1);
+	if (c->kind == GT_CONN_HTTP && gt_in_flight(c))
+		gt_emit_close(c, io, GT_F_CONN_ERROR);
+#ifdef GT_INJECT
+	if (c->kind == GT_CONN_HTTP && c->side == GT_SIDE_CLIENT)
+		gt_inject_pair(c, GT_PAIR_DEL);
+#endif
+	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
+	bpf_map_delete_elem(&gt_conns, &key);
+	return 1;
+}
+
 static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create, long ret)
 {
 	struct gt_conn_key key = {.tgid = io->tgid, .fd = io->fd};
 	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
-	if (c) {
+	if (c && !gt_conn_stale(io, c)) {
 		gt_conn_check_gen(c, io->cfg_gen);
 		return c;
 	}
@@ -99,11 +129,6 @@ static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create,
 	return bpf_map_lookup_elem(&gt_conns, &key);
 }
 
-static __always_inline int gt_in_flight(struct gt_conn *c)
-{
-	return c->emitted_ring && (c->req_seq != c->resp_seq || c->dir[0].phase > GT_PH_IDLE ||
-				   c->dir[1].phase > GT_PH_IDLE);
-}
 
 // The syscall programs' struct gt_io, in per-CPU map memory: on their stack,
 // the deepest chain below them (gt_process, gt_step, gt_headers,

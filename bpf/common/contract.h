@@ -178,7 +178,10 @@ enum gt_stat {
 	GT_STAT_GENAI_AMBIGUOUS = 53,  // twice where once is meant, or events that disagree
 	GT_STAT_GENAI_MALFORMED = 54,  // not a model name (printable, <= 128 bytes, no escapes) or a count (integer < 2^31)
 	GT_STAT_GENAI_INCOMPLETE = 55, // bytes of the body not walked (framing lost, past the walk's reach), or its JSON unclosed
-	GT_STAT_MAX = 56,
+	// Connection entries found stale: the fd now names another socket (its
+	// close went unseen); ended as at a close, followed afresh.
+	GT_STAT_STALE_CONN = 56,
+	GT_STAT_MAX = 57,
 };
 
 struct gt_tuple {

@@ -141,7 +141,9 @@ static __always_inline void gt_mapped_v4(__u8 out[16], __be32 addr)
 // (and *skp, when skp is not null) for a TCP socket of AF_INET/AF_INET6, 0
 // for anything else. This runs once per connection (the answer is cached in
 // gt_conns), including connections that existed before gymtrace attached.
-static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t, struct sock **skp)
+// gt_fd_sk is the struct sock behind the current task's fd, or 0 when the
+// fd is not a socket.
+static __always_inline struct sock *gt_fd_sk(__s32 fd)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct files_struct *files = BPF_CORE_READ(task, files);
@@ -158,7 +160,12 @@ static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t, struct sock 
 	if ((mode & S_IFMT) != S_IFSOCK)
 		return 0;
 	struct socket *sock = BPF_CORE_READ(f, private_data);
-	struct sock *sk = BPF_CORE_READ(sock, sk);
+	return BPF_CORE_READ(sock, sk);
+}
+
+static __noinline int gt_fd_tcp_tuple(__s32 fd, struct gt_tuple *t, struct sock **skp)
+{
+	struct sock *sk = gt_fd_sk(fd);
 	if (!sk)
 		return 0;
 	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP || BPF_CORE_READ(sk, sk_type) != SOCK_STREAM)

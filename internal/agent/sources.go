@@ -118,6 +118,9 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		"genai_ambiguous":  st[loader.StatGenAIAmbiguous],
 		"genai_malformed":  st[loader.StatGenAIMalformed],
 		"genai_incomplete": st[loader.StatGenAIIncomplete],
+		// Connections whose close went unseen, found when their fd named
+		// another socket: ended, and the new one followed afresh.
+		"stale_conn": st[loader.StatStaleConn],
 	}
 }
 

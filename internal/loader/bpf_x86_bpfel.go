@@ -729,7 +729,8 @@ const (
 	bpfGtStatGT_STAT_GENAI_AMBIGUOUS  bpfGtStat = 53
 	bpfGtStatGT_STAT_GENAI_MALFORMED  bpfGtStat = 54
 	bpfGtStatGT_STAT_GENAI_INCOMPLETE bpfGtStat = 55
-	bpfGtStatGT_STAT_MAX              bpfGtStat = 56
+	bpfGtStatGT_STAT_STALE_CONN       bpfGtStat = 56
+	bpfGtStatGT_STAT_MAX              bpfGtStat = 57
 )
 
 type bpfGtTarget struct {

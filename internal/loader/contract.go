@@ -183,6 +183,7 @@ const (
 	StatGenAIAmbiguous  = uint32(bpfGtStatGT_STAT_GENAI_AMBIGUOUS)
 	StatGenAIMalformed  = uint32(bpfGtStatGT_STAT_GENAI_MALFORMED)
 	StatGenAIIncomplete = uint32(bpfGtStatGT_STAT_GENAI_INCOMPLETE)
+	StatStaleConn       = uint32(bpfGtStatGT_STAT_STALE_CONN) // entries whose fd names another socket now
 	StatMax             = uint32(bpfGtStatGT_STAT_MAX)
 )
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/gymtrace/gymtrace/internal/groups"
 	"github.com/gymtrace/gymtrace/internal/loader"
@@ -198,5 +199,97 @@ func TestKernelUnseenBodyBytes(t *testing.T) {
 	}
 	if n := k.stat(t, testbpf.StatStreamGapBody); n != 1 {
 		t.Errorf("stream_body_gap = %d, want 1", n)
+	}
+}
+
+// TestKernelUnseenClose: a connection's close that the kernel never saw (a
+// skipped gt_enter_close, or a close gymtrace does not hook: dup2 over the
+// fd, as here) must not hand the old connection's entry to the next socket
+// given the same fd: the new connection gets its own id, its own tuple and
+// request index 0, and the old one is counted stale.
+func TestKernelUnseenClose(t *testing.T) {
+	k := loadKernel(t)
+	k.gate(t, groups.Server.Mask()|groups.HTTPClient.Mask(), 1)
+	k.target(t, os.Getpid())
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().(*net.TCPAddr)
+	dial := func() int {
+		t.Helper()
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sa := &unix.SockaddrInet4{Port: addr.Port}
+		copy(sa.Addr[:], addr.IP.To4())
+		if err := unix.Connect(fd, sa); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	exchange := func(fd int, path string) {
+		t.Helper()
+		srv, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		req := "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n"
+		if _, err := unix.Write(fd, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(srv, make([]byte, len(req))); err != nil {
+			t.Fatal(err)
+		}
+		resp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+		if _, err := io.WriteString(srv, resp); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, len(resp))
+		for got := 0; got < len(resp); {
+			n, err := unix.Read(fd, buf[got:])
+			if err != nil || n == 0 {
+				t.Fatalf("reading the response: %d, %v", n, err)
+			}
+			got += n
+		}
+	}
+	a := dial()
+	defer unix.Close(a)
+	exchange(a, "/a")
+	b := dial()
+	// fd a now names b's socket; a's close is never a close(2).
+	if err := unix.Dup2(b, a); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(b)
+	exchange(a, "/b")
+
+	type req struct {
+		conn  uint64
+		seq   uint64
+		lport uint16
+	}
+	client := map[string]req{}
+	for _, e := range k.take(os.Getpid()) {
+		if e.ev.Kind == testbpf.EvRequest && e.ev.Side == uint8(loader.SideClient) {
+			path := string(e.ev.Path[:min(int(e.ev.PathLen), len(e.ev.Path))])
+			client[path] = req{e.ev.ConnId, e.ev.Seq, e.ev.Tuple.Lport}
+		}
+	}
+	ra, rb := client["/a"], client["/b"]
+	if ra.conn == 0 || rb.conn == 0 {
+		t.Fatalf("client requests %+v: want /a and /b", client)
+	}
+	if rb.conn == ra.conn || rb.seq != 0 || rb.lport == ra.lport {
+		t.Errorf("/b on the new socket: conn %d index %d port %d; /a was conn %d port %d: want a new conn, index 0, its own port",
+			rb.conn, rb.seq, rb.lport, ra.conn, ra.lport)
+	}
+	if n := k.stat(t, testbpf.StatStaleConn); n != 1 {
+		t.Errorf("stale_conn = %d, want 1", n)
 	}
 }

@@ -534,7 +534,8 @@ const (
 	injtestGtStatGT_STAT_GENAI_AMBIGUOUS  injtestGtStat = 53
 	injtestGtStatGT_STAT_GENAI_MALFORMED  injtestGtStat = 54
 	injtestGtStatGT_STAT_GENAI_INCOMPLETE injtestGtStat = 55
-	injtestGtStatGT_STAT_MAX              injtestGtStat = 56
+	injtestGtStatGT_STAT_STALE_CONN       injtestGtStat = 56
+	injtestGtStatGT_STAT_MAX              injtestGtStat = 57
 )
 
 type injtestGtTarget struct {

@@ -35,6 +35,7 @@ const (
 	StatTLSLinked     = uint32(tlstestGtStatGT_STAT_TLS_LINKED)
 	StatNotHTTP       = uint32(tlstestGtStatGT_STAT_NOT_HTTP)
 	StatStreamGapBody = uint32(tlstestGtStatGT_STAT_STREAM_GAP_BODY)
+	StatStaleConn     = uint32(tlstestGtStatGT_STAT_STALE_CONN)
 	StatMax           = uint32(tlstestGtStatGT_STAT_MAX)
 )
 

@@ -469,7 +469,8 @@ const (
 	tlstestGtStatGT_STAT_GENAI_AMBIGUOUS  tlstestGtStat = 53
 	tlstestGtStatGT_STAT_GENAI_MALFORMED  tlstestGtStat = 54
 	tlstestGtStatGT_STAT_GENAI_INCOMPLETE tlstestGtStat = 55
-	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 56
+	tlstestGtStatGT_STAT_STALE_CONN       tlstestGtStat = 56
+	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 57
 )
 
 type tlstestGtTarget struct {
