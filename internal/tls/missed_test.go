@@ -32,25 +32,7 @@ import (
 // response is given up there and the answer to /c keeps /c's index: without
 // the check the server gave it /b's, and /c's span /b's end (issue 37).
 func TestKernelUnseenRequestStart(t *testing.T) {
-	k := loadKernel(t)
-	k.gate(t, groups.Server.Mask()|groups.HTTPClient.Mask(), 1)
-	k.target(t, os.Getpid())
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cli, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	k, cli, srv := tracedPair(t)
 	sr, cr := bufio.NewReader(srv), bufio.NewReader(cli)
 	exchange := func(path string) {
 		t.Helper()
@@ -135,25 +117,7 @@ func (k *kernel) unseenWrites(t *testing.T, f func()) {
 // position: the response still ends where it ends, with its whole size, and
 // the next exchange keeps its index.
 func TestKernelUnseenBodyBytes(t *testing.T) {
-	k := loadKernel(t)
-	k.gate(t, groups.Server.Mask()|groups.HTTPClient.Mask(), 1)
-	k.target(t, os.Getpid())
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cli, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	k, cli, srv := tracedPair(t)
 	sr, cr := bufio.NewReader(srv), bufio.NewReader(cli)
 	write := func(c net.Conn, s string) {
 		t.Helper()
@@ -292,4 +256,29 @@ func TestKernelUnseenClose(t *testing.T) {
 	if n := k.stat(t, testbpf.StatStaleConn); n != 1 {
 		t.Errorf("stale_conn = %d, want 1", n)
 	}
+}
+
+// tracedPair loads the test object with the server and client groups on,
+// targets this process, and connects a client to a server over loopback.
+func tracedPair(t *testing.T) (k *kernel, cli, srv net.Conn) {
+	t.Helper()
+	k = loadKernel(t)
+	k.gate(t, groups.Server.Mask()|groups.HTTPClient.Mask(), 1)
+	k.target(t, os.Getpid())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	cli, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	srv, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return k, cli, srv
 }
