@@ -294,6 +294,10 @@ func (t *agent) run(ctx context.Context, opt Options) error {
 	}
 	feeders.Add(1)
 	go func() { defer feeders.Done(); t.expireLoop(runCtx) }()
+	if t.gym != nil && cfg.PressureInterval > 0 {
+		feeders.Add(1)
+		go func() { defer feeders.Done(); t.pressureLoop(runCtx, cfg.PressureInterval) }()
+	}
 
 	readErr := t.kern.Read(runCtx, func(raw []byte) { t.record(w, raw) })
 	stop()

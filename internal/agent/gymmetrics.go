@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/discover"
@@ -13,6 +14,7 @@ import (
 	"github.com/gymtrace/gymtrace/internal/gymmetrics"
 	"github.com/gymtrace/gymtrace/internal/loader"
 	"github.com/gymtrace/gymtrace/internal/metrics"
+	"github.com/gymtrace/gymtrace/internal/pressure"
 	"github.com/gymtrace/gymtrace/internal/spans"
 )
 
@@ -33,6 +35,7 @@ func (t *agent) startGymMetrics(ctx context.Context, m *metrics.Metrics) error {
 		Reward:     cfg.Reward,
 		Servers:    t.gymServers,
 		Active:     t.gymActive,
+		Pressure:   cfg.PressureInterval > 0,
 		Log:        t.log.With("component", "gym-metrics"),
 	}
 	if otlp {
@@ -112,5 +115,51 @@ func (t *agent) closeGymMetrics() {
 	defer cancel()
 	if err := t.gym.Close(ctx); err != nil {
 		t.log.Warn("gym metrics: the last export failed", "err", err)
+	}
+}
+
+// pressureLoop samples the traced processes' and the host's pressure from
+// /proc every --pressure-interval, for Gym's pressure gauges: one pass
+// over /proc per sample, whatever the number of targets (internal/pressure).
+func (t *agent) pressureLoop(ctx context.Context, every time.Duration) {
+	s := pressure.New("")
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	failing := false
+	for {
+		t.mu.RLock()
+		procs := make([]*discover.Process, 0, len(t.procs))
+		for _, p := range t.procs {
+			procs = append(procs, p)
+		}
+		t.mu.RUnlock()
+		targets := make([]pressure.Target, len(procs))
+		for i, p := range procs {
+			targets[i] = pressure.Target{PID: p.PID, StartTime: p.StartTime}
+		}
+		readings, host, err := s.Sample(targets)
+		switch {
+		case err != nil && !failing:
+			t.log.Warn("gym metrics: cannot sample process and host pressure from /proc; the gym.process.*, gym.process_tree.* and gym.host.* gauges are missing until it can",
+				"err", err)
+			failing = true
+		case err == nil:
+			if failing {
+				t.log.Info("gym metrics: process and host pressure sampled again")
+			}
+			failing = false
+			pp := make([]gymmetrics.ProcPressure, 0, len(readings))
+			for i, p := range procs {
+				if r, ok := readings[targets[i]]; ok {
+					pp = append(pp, gymmetrics.ProcPressure{Proc: p, Reading: r})
+				}
+			}
+			t.gym.SetPressure(pp, host)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }

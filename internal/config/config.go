@@ -31,19 +31,22 @@ type Config struct {
 	OTLPInsecure bool        // plaintext gRPC (default: true for http:// endpoints)
 	OTLPHeaders  map[string]string
 	OTLPTimeout  time.Duration
-	Exporter     string  // otlp, tree or jsonl
-	Output       string  // where tree and jsonl write; "-" is stdout
-	MetricsAddr  string  // Prometheus /metrics and /healthz listen address; "" is off
-	GymMetrics   bool    // Gym's metrics from the traced traffic (internal/gymmetrics)
-	SampleRatio  float64 // fraction of traces kept, 0..1, decided per trace id
-	Inject       bool    // add traceparent to outbound requests that lack one
-	InjectForce  bool    // inject even where the start-up self-test found a kernel misreport (inject.SelfTest)
-	RolloutIDs   bool    // read rollout ids from /run request bodies in the kernel
-	Reward       bool    // read the reward number from /verify response bodies in the kernel (verify group)
-	GenAI        bool    // read model names and token counts from model servers' bodies in the kernel (model_call or rollout)
-	RingbufBytes int     // BPF ring-buffer size, a power of two
-	LogLevel     string  // debug, info, warn, error
-	ConfigPath   string  // the YAML file read, "" when none
+	Exporter     string // otlp, tree or jsonl
+	Output       string // where tree and jsonl write; "-" is stdout
+	MetricsAddr  string // Prometheus /metrics and /healthz listen address; "" is off
+	GymMetrics   bool   // Gym's metrics from the traced traffic (internal/gymmetrics)
+	// PressureInterval is how often process and host pressure is sampled
+	// from /proc (internal/pressure); 0 is off.
+	PressureInterval time.Duration
+	SampleRatio      float64 // fraction of traces kept, 0..1, decided per trace id
+	Inject           bool    // add traceparent to outbound requests that lack one
+	InjectForce      bool    // inject even where the start-up self-test found a kernel misreport (inject.SelfTest)
+	RolloutIDs       bool    // read rollout ids from /run request bodies in the kernel
+	Reward           bool    // read the reward number from /verify response bodies in the kernel (verify group)
+	GenAI            bool    // read model names and token counts from model servers' bodies in the kernel (model_call or rollout)
+	RingbufBytes     int     // BPF ring-buffer size, a power of two
+	LogLevel         string  // debug, info, warn, error
+	ConfigPath       string  // the YAML file read, "" when none
 
 	// Args holds the positional arguments left after the flags.
 	Args []string
@@ -83,20 +86,21 @@ const DefaultRingbufBytes = 8 << 20
 
 func defaults() *Config {
 	return &Config{
-		SpanGroups:   groups.DefaultSpec,
-		Discover:     true,
-		OTLPTimeout:  10 * time.Second,
-		Exporter:     ExporterAuto,
-		Output:       "-",
-		SampleRatio:  1,
-		Inject:       true,
-		GymMetrics:   true,
-		RolloutIDs:   true,
-		Reward:       true,
-		GenAI:        true,
-		RingbufBytes: DefaultRingbufBytes,
-		LogLevel:     "info",
-		Sources:      map[string]string{},
+		SpanGroups:       groups.DefaultSpec,
+		Discover:         true,
+		OTLPTimeout:      10 * time.Second,
+		Exporter:         ExporterAuto,
+		Output:           "-",
+		SampleRatio:      1,
+		Inject:           true,
+		GymMetrics:       true,
+		PressureInterval: 5 * time.Second,
+		RolloutIDs:       true,
+		Reward:           true,
+		GenAI:            true,
+		RingbufBytes:     DefaultRingbufBytes,
+		LogLevel:         "info",
+		Sources:          map[string]string{},
 	}
 }
 

@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		SpanGroups: "default", Mask: groups.DefaultMask, Discover: true, OTLPTimeout: 10 * time.Second,
 		Exporter: "tree", Output: "-", SampleRatio: 1, Inject: true, RolloutIDs: true, Reward: true, GenAI: true, GymMetrics: true,
-		RingbufBytes: 8 << 20, LogLevel: "info", Sources: map[string]string{},
+		PressureInterval: 5 * time.Second, RingbufBytes: 8 << 20, LogLevel: "info", Sources: map[string]string{},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -180,6 +180,7 @@ func TestEveryFlagInSection(t *testing.T) {
   output: "-"
   metrics_addr: ":9464"
   gym_metrics: false
+  pressure_interval: 2s
   sample_ratio: 0.25
   inject: false
   inject_force: true
@@ -195,7 +196,7 @@ func TestEveryFlagInSection(t *testing.T) {
 		t.Errorf("pids %v discover %v", c.PIDs, c.Discover)
 	}
 	if c.OTLPEndpoint != "https://otel.example:4317" || c.OTLPInsecure || c.OTLPHeaders["authorization"] != "Bearer x" ||
-		c.OTLPTimeout != 3*time.Second || c.Exporter != "otlp" || c.MetricsAddr != ":9464" || c.GymMetrics || c.SampleRatio != 0.25 ||
+		c.OTLPTimeout != 3*time.Second || c.Exporter != "otlp" || c.MetricsAddr != ":9464" || c.GymMetrics || c.PressureInterval != 2*time.Second || c.SampleRatio != 0.25 ||
 		c.Inject || !c.InjectForce || c.RolloutIDs || c.Reward || c.GenAI || c.RingbufBytes != 16<<20 || c.LogLevel != "debug" || c.Level() != slog.LevelDebug {
 		t.Errorf("%+v", c)
 	}
@@ -357,6 +358,9 @@ func TestBadValues(t *testing.T) {
 		{nil, map[string]string{"GYMTRACE_INJECT": "maybe"}, []string{"env GYMTRACE_INJECT", "not a boolean"}},
 		{[]string{"--no-such-flag"}, nil, []string{"no-such-flag", "gymtrace --help"}},
 		{[]string{"--output="}, nil, []string{"output must not be empty"}},
+		{[]string{"--pressure-interval", "500ms"}, nil, []string{"flag --pressure-interval", "at least 1s"}},
+		{[]string{"--pressure-interval", "5"}, nil, []string{"with a unit"}},
+		{[]string{"--pressure-interval", "-5s"}, nil, []string{"at least 1s"}},
 	}
 	for _, c := range cases {
 		_, err := load(t, c.args, c.env, "")
@@ -374,8 +378,8 @@ func TestSecretsNotInErrors(t *testing.T) {
 
 func TestGoodValues(t *testing.T) {
 	c := mustLoad(t, []string{"--ringbuf-bytes", "4096", "--inject=false", "--rollout-ids=0", "--reward=false", "--genai=false", "--log-level", "WARNING",
-		"--exporter", "JSONL", "--output", "/tmp/x.jsonl", "--otlp-endpoint", "collector:4317", "--otlp-insecure"}, nil, "")
-	if c.RingbufBytes != 4096 || c.Inject || c.RolloutIDs || c.Reward || c.GenAI || c.LogLevel != "warn" || c.Exporter != "jsonl" ||
+		"--exporter", "JSONL", "--output", "/tmp/x.jsonl", "--otlp-endpoint", "collector:4317", "--otlp-insecure", "--pressure-interval", "0"}, nil, "")
+	if c.RingbufBytes != 4096 || c.PressureInterval != 0 || c.Inject || c.RolloutIDs || c.Reward || c.GenAI || c.LogLevel != "warn" || c.Exporter != "jsonl" ||
 		c.Output != "/tmp/x.jsonl" || !c.OTLPInsecure {
 		t.Errorf("%+v", c)
 	}

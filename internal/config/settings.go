@@ -99,6 +99,16 @@ var settings = []Setting{
 	{Flag: "gym-metrics", Default: "true", IsBool: true,
 		Usage: "make Gym's metrics (gym.rollout.duration_ms, gym.verify.*, gym.servers.active, http.server.*) from the traced traffic, gated by the span groups, exported over OTLP and on --metrics-addr",
 		apply: func(c *Config, v value) error { return setBool(&c.GymMetrics, v) }},
+	{Flag: "pressure-interval", Default: "5s",
+		Usage: "how often Gym's process and host pressure gauges (gym.process.cpu.percent, gym.process_tree.*, gym.host.memory_*) are sampled from /proc, a Go duration of at least 1s; 0 turns them off",
+		apply: func(c *Config, v value) error {
+			d, err := time.ParseDuration(strings.TrimSpace(v.s))
+			if err != nil || d != 0 && d < time.Second {
+				return fmt.Errorf("%q is not 0 or a duration of at least 1s; write it with a unit, e.g. 5s (CPU times move in 10 ms ticks, so a shorter interval reads coarse percentages)", v.s)
+			}
+			c.PressureInterval = d
+			return nil
+		}},
 	{Flag: "sample-ratio", Default: "1", Also: []string{"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"},
 		Usage: "fraction of traces to keep, 0 to 1, decided by trace id so every process agrees",
 		apply: func(c *Config, v value) error {

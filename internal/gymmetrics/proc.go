@@ -138,6 +138,9 @@ func newProc(r *Recorder, p discover.Process) *proc {
 			}, active)
 		}
 	}
+	if r.cfg.Pressure {
+		pr.pressureGauges(r)
+	}
 	if p.Role == discover.RoleOrchestrator && r.cfg.Servers != nil {
 		pr.serversGauge(r.cfg.Servers)
 	}

@@ -78,6 +78,9 @@ type Config struct {
 	// Active calls yield for each inbound request in flight with a SERVER
 	// span (http.server.active_requests), at collection time.
 	Active func(yield func(Active))
+	// Pressure gives every process the process and host pressure gauges
+	// (gym.process.cpu.percent, ...), fed by SetPressure.
+	Pressure bool
 	// Linger is how long an exited process's metrics stay, so the last
 	// values (gym.servers.active at 0) are exported and scraped. 0: 30 s.
 	Linger time.Duration
@@ -111,6 +114,8 @@ type Recorder struct {
 
 	reward                             atomic.Bool // the kernel reads rewards now (SetReward)
 	capped, rewardMissing, procsCapped atomic.Uint64
+
+	press atomic.Pointer[pressureNow] // the last pressure sample (SetPressure)
 
 	amu       sync.Mutex // the active-requests snapshot, shared by every process's collection
 	active    []Active
