@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -271,10 +272,19 @@ func BenchmarkSample(b *testing.B) {
 	me, _ := parseStat(st)
 	s := New("")
 	tg := []Target{{PID: os.Getpid(), StartTime: me.start}}
+	var before, after syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	n := 0
 	for b.Loop() {
 		if _, _, err := s.Sample(tg); err != nil {
 			b.Fatal(err)
 		}
+		n++
 	}
+	syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+	cpu := time.Duration(after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano())
+	// CPU, not wall time: on a loaded machine the wall time of a sample
+	// includes waiting for a core.
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/op")
 	b.ReportMetric(float64(s.Scanned()), "procs")
 }
