@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -259,6 +260,65 @@ func TestSamplerThisProcess(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // a later boot-clock reading, not a timing assertion
 	}
+}
+
+// TestSamplerReapedChild, on the real kernel: a child that used CPU and was
+// reaped during the interval counts in the tree's CPU, exactly its own CPU
+// time (to the clock tick), through the parent's reaped-children time.
+func TestSamplerReapedChild(t *testing.T) {
+	if os.Getenv("GYMTRACE_PRESSURE_SPIN") != "" {
+		// The child: spin until this process has used 300 ms of CPU.
+		var ru syscall.Rusage
+		for x := 0; ; x++ {
+			if x%100000 == 0 {
+				syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+				if ru.Utime.Nano()+ru.Stime.Nano() >= int64(300*time.Millisecond) {
+					os.Exit(0)
+				}
+			}
+		}
+	}
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Skipf("no /proc here: %v", err)
+	}
+	st, err := parseStat(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	me := Target{PID: os.Getpid(), StartTime: st.start}
+	s := New("")
+	first := bootTime()
+	s.boot = func() time.Duration { return first }
+	if _, _, err := s.Sample([]Target{me}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSamplerReapedChild$")
+	cmd.Env = append(os.Environ(), "GYMTRACE_PRESSURE_SPIN=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the spinning child: %v: %s", err, out)
+	}
+	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	child := float64(ru.Utime.Nano()+ru.Stime.Nano()) / float64(time.Second/userHZ) // ticks
+	// An interval of exactly one second on the sampler's clock: percent
+	// then reads as clock ticks.
+	s.boot = func() time.Duration { return first + time.Second }
+	got, _, err := s.Sample([]Target{me})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := got[me]
+	if !r.HasCPU || !r.HasTreeCPU {
+		t.Fatalf("reading %+v: want CPU and tree CPU", r)
+	}
+	// The tree's time beyond this process's own is the reaped child's:
+	// within 3 ticks (/proc truncates user and system time to ticks
+	// separately, getrusage does not), far from the 30 a double count or a
+	// lost child would make.
+	if d := r.TreeCPU - r.CPU; math.Abs(d-child) > 3 {
+		t.Fatalf("tree minus process = %v ticks, the child used %.1f ticks (getrusage)", d, child)
+	}
+	t.Logf("child: %.1f ticks by getrusage, %v ticks in the tree", child, r.TreeCPU-r.CPU)
 }
 
 // BenchmarkSample is the sampler's own cost per sample on this machine:
