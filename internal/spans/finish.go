@@ -250,6 +250,9 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		// be missing here.
 		attrs = append(attrs, attribute.Bool("gymtrace.connection.gap", true))
 	}
+	if debugRecords {
+		attrs = appendDebug(attrs, x)
+	}
 	ms := Measures{ReqBody: x.ReqBodyLen, RespBody: x.RespBodyLen, Host: x.Host, Status: x.Status,
 		Reward: x.Reward, HasReward: x.HasReward}
 	if add != nil {

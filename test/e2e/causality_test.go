@@ -449,7 +449,9 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 	if mk != nil {
 		st = mk()
 	}
-	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: c.groups, jsonl: out, extra: extra})
+	// Debug identities on every span: a finding names the kernel's binding.
+	gt := startGymtrace(t, gtOpts{pids: st.pids(), groups: c.groups, jsonl: out, extra: extra,
+		env: []string{"GYMTRACE_DEBUG_RECORDS=1"}})
 	// The truth file holds every earlier collection on this stack (the
 	// warmup, other cases): only records that start after this point count.
 	since := monoNow()
@@ -486,6 +488,11 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 	t.Logf("kernel asyncio context counters: %s", pyContextCounters(m))
 	t.Logf("server joins: %s", labelCounters(m, "gymtrace_server_joins_total", "how"))
 	t.Logf("kernel events: %s", labelCounters(m, "gymtrace_kernel_events_total", "reason"))
+	kb := scoreKernelBindings(recs, spans)
+	t.Logf("kernel bindings of calls to their request: %s", kb)
+	if len(kb.Examples) > 0 {
+		t.Logf("first wrong kernel bindings:\n  %s", strings.Join(kb.Examples, "\n  "))
+	}
 
 	checkCausality(t, c, sc, m, recs, spans, st.pids())
 	return sc, elapsed

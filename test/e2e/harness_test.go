@@ -404,7 +404,15 @@ func (s Span) Path() string {
 
 func (s Span) String() string {
 	return fmt.Sprintf("%s %q pid=%d path=%s status=%s/%d span=%s parent=%s trace=%s",
-		s.Kind, s.Name, s.PID(), s.Path(), s.Status.Code, s.AttrInt("http.response.status_code"), s.SpanID, s.Parent, s.TraceID)
+		s.Kind, s.Name, s.PID(), s.Path(), s.Status.Code, s.AttrInt("http.response.status_code"), s.SpanID, s.Parent, s.TraceID) +
+		bracket(debugAttrs(s))
+}
+
+func bracket(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " [" + s + "]"
 }
 
 func anyString(v any) string {

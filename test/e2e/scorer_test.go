@@ -222,7 +222,7 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		if pok {
 			got = p.String()
 		}
-		sc.wrong("%v: CLIENT span's parent is %s, want %v or the gym.* span under it", r, got, want)
+		sc.wrong("%v%s: CLIENT span's parent is %s, want %v or the gym.* span under it", r, bracket(debugAttrs(c)), got, want)
 	}
 
 	// Sandbox spans: no attribute names the child process, so a span can only

@@ -1,0 +1,200 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The kernel's own binding of each outbound call to the inbound request
+// whose handler made it (bpf/python.h: the handler task's link names the
+// server connection and request index), checked against the truth, with
+// gymtrace run under GYMTRACE_DEBUG_RECORDS=1 (internal/spans/debug.go).
+// Userspace parents a call only where the bound request's record arrived, so
+// a wrong binding can hide behind a lost record; this check sees it anyway,
+// and its examples say which identities a wrong parent came from.
+
+// kernelBindings counts the outbound calls whose binding names their cause
+// (right), another request (wrong), or a request without a SERVER span
+// (unexported, e.g. its record was lost).
+type kernelBindings struct {
+	Right, Wrong, Unexported, Unbound int
+	Examples                          []string
+}
+
+func (k kernelBindings) String() string {
+	return fmt.Sprintf("right %d, wrong %d, bound to a request without a span %d, unbound %d", k.Right, k.Wrong, k.Unexported, k.Unbound)
+}
+
+// debugAttrs is the kernel identities of a span, for a finding.
+func debugAttrs(s Span) string {
+	var parts []string
+	for _, k := range []string{"conn", "seq", "tid", "py_ctx", "py_root", "cause_conn", "cause_seq", "req_start", "gap"} {
+		if v, ok := s.Attributes["gymtrace.debug."+k]; ok {
+			parts = append(parts, k+"="+anyString(v))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// truthAt picks, among records of one connection, the one a span's kernel
+// start belongs to: for a call, the newest that began before its write
+// (the app stamps its truth first); for a request, the first that began
+// after its read (the handler stamps it after).
+func truthAt(recs []truthRec, mono int64, before bool) (truthRec, bool) {
+	const slack = 1_000_000 // the clocks are the same; the stamps are not atomic with the syscalls
+	best, found := truthRec{}, false
+	var bestD int64
+	for _, r := range recs {
+		d := mono - r.MonoStart
+		if !before {
+			d = -d
+		}
+		if d < -slack {
+			continue
+		}
+		if !found || d < bestD {
+			best, bestD, found = r, d, true
+		}
+	}
+	return best, found
+}
+
+func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
+	type key struct{ pid, a, b int }
+	ins, outs := map[key][]truthRec{}, map[key][]truthRec{}
+	for _, r := range recs {
+		switch {
+		case r.Ev == "in" && r.Peer.Port != 0:
+			ins[key{r.PID, r.Peer.Port, r.Local.Port}] = append(ins[key{r.PID, r.Peer.Port, r.Local.Port}], r)
+		case r.Ev == "out" && r.Local.Port != 0 && r.Cause != "":
+			outs[key{r.PID, r.Local.Port, r.Remote.Port}] = append(outs[key{r.PID, r.Local.Port, r.Remote.Port}], r)
+		}
+	}
+	type req struct {
+		pid       int
+		conn, seq int
+	}
+	servers := map[req]Span{}
+	for _, s := range spans {
+		if s.Kind == "SERVER" && s.Attributes["gymtrace.debug.conn"] != nil {
+			servers[req{s.PID(), s.AttrInt("gymtrace.debug.conn"), s.AttrInt("gymtrace.debug.seq")}] = s
+		}
+	}
+	var k kernelBindings
+	for _, s := range spans {
+		if s.Kind != "CLIENT" || s.Attributes["gymtrace.debug.cause_conn"] == nil {
+			continue
+		}
+		o, ok := truthAt(outs[key{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}],
+			int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), true)
+		if !ok {
+			continue // not a call with a cause (the collector's)
+		}
+		cc := s.AttrInt("gymtrace.debug.cause_conn")
+		if cc == 0 {
+			k.Unbound++
+			continue
+		}
+		srv, ok := servers[req{s.PID(), cc, s.AttrInt("gymtrace.debug.cause_seq")}]
+		if !ok {
+			k.Unexported++
+			continue
+		}
+		in, ok := truthAt(ins[key{s.PID(), srv.AttrInt("client.port"), srv.AttrInt("server.port")}],
+			int64(anyInt(srv.Attributes["gymtrace.debug.req_start"])), false)
+		if ok && in.ID == o.Cause {
+			k.Right++
+			continue
+		}
+		k.Wrong++
+		if len(k.Examples) < 8 {
+			k.Examples = append(k.Examples, fmt.Sprintf("%s %s (cause %s; %s) bound to %s %s (%s)",
+				o.ID, o.Path, o.Cause, debugAttrs(s), in.ID, in.Path, debugAttrs(srv)))
+		}
+	}
+	sort.Strings(k.Examples)
+	return k
+}
+
+// scorerDisagrees counts the CLIENT spans the scorer (matchByPorts: by
+// ports and time overlap) gives another truth record than the kernel's own
+// start time does (truthAt): a wrong parent reported on such a span may be
+// the scorer's.
+func scorerDisagrees(recs []truthRec, spans []Span) (n int, examples []string) {
+	var outs []truthRec
+	for _, r := range recs {
+		if r.Ev == "out" && r.Cause != "" && r.Local.Port != 0 {
+			outs = append(outs, r)
+		}
+	}
+	m := matchByPorts(outs, func(r truthRec) (joinKey, bool) {
+		return joinKey{r.PID, r.Local.Port, r.Remote.Port}, true
+	}, spans, func(s Span) (joinKey, bool) {
+		return joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}, s.Kind == "CLIENT"
+	})
+	byConn := map[joinKey][]truthRec{}
+	for _, r := range outs {
+		k := joinKey{r.PID, r.Local.Port, r.Remote.Port}
+		byConn[k] = append(byConn[k], r)
+	}
+	for ri, si := range m {
+		s := spans[si]
+		if s.Attributes["gymtrace.debug.req_start"] == nil {
+			continue
+		}
+		k := joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}
+		o, ok := truthAt(byConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), true)
+		if ok && o.ID != outs[ri].ID {
+			n++
+			if len(examples) < 8 {
+				examples = append(examples, fmt.Sprintf("span %s matched to %s, its kernel start to %s", s.SpanID, outs[ri].ID, o.ID))
+			}
+		}
+	}
+	return n, examples
+}
+
+// TestCausalityKept re-scores the runs GYMTRACE_CAUSALITY_KEEP kept, from
+// GYMTRACE_SCORE_DIR: the scorer's figures, the kernel's bindings, and where
+// the scorer's matching and the kernel's times disagree.
+func TestCausalityKept(t *testing.T) {
+	dir := os.Getenv("GYMTRACE_SCORE_DIR")
+	if dir == "" {
+		t.Skip("GYMTRACE_SCORE_DIR is not set: nothing kept to score")
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.spans.jsonl"))
+	if len(files) == 0 {
+		t.Fatalf("no *.spans.jsonl in %s", dir)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".spans.jsonl"), func(t *testing.T) {
+			spans := readSpans(t, f)
+			recs, err := readTruth(strings.TrimSuffix(f, ".spans.jsonl")+".truth.jsonl", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pids := map[int]bool{}
+			for _, s := range spans {
+				pids[s.PID()] = true
+			}
+			var traced []int
+			for p := range pids {
+				traced = append(traced, p)
+			}
+			sc := scoreCausality(recs, spans, traced)
+			kb := scoreKernelBindings(recs, spans)
+			n, ex := scorerDisagrees(recs, spans)
+			t.Logf("outbound %d, correct %d, wrong %d, unattributed %d; kernel bindings: %s; scorer and kernel times disagree on %d",
+				sc.Outbound, sc.Correct, sc.Wrong, sc.Unattributed, kb, n)
+			for _, e := range append(append(sc.WrongExamples, kb.Examples...), ex...) {
+				t.Log(e)
+			}
+		})
+	}
+}
