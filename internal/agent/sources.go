@@ -69,6 +69,10 @@ func (t *agent) metricSources() metrics.Sources {
 			return map[string]uint64{"ambiguous": st.ParentAmbiguous, "request_not_traced": st.ParentNotTraced,
 				"context_unbound": st.ParentUnbound, "records_lost": st.ParentRecordsLost}
 		},
+		ParentResolved: func() map[string]uint64 {
+			st := t.spans.Builder().Stats()
+			return map[string]uint64{"context": st.ParentByContext, "nesting": st.ParentByNesting, "only_in_flight": st.ParentOnlyInFlight}
+		},
 		ParentNoContext: func() uint64 { return t.spans.Builder().Stats().ParentNoContext },
 		Roles: func() metrics.RoleStats {
 			st := t.spans.Builder().Stats()

@@ -78,6 +78,9 @@ type Sources struct {
 	// ParentUnresolved counts client spans left without a parent, by why
 	// (the gymtrace.parent.unresolved attribute).
 	ParentUnresolved func() map[string]uint64
+	// ParentResolved counts client spans given an inbound request as their
+	// parent, by how the cause was found.
+	ParentResolved func() map[string]uint64
 	// ParentNoContext counts those of them made by a process whose asyncio
 	// context cannot be read (an unrecognised uvloop build).
 	ParentNoContext func() uint64
@@ -265,6 +268,12 @@ var (
 			"request_not_traced (the request the kernel named has no record: gated off, lost, or before attach), "+
 			"context_unbound (the call's asyncio context is bound to no traced request), records_lost (the process "+
 			"lost records, so what is in flight proves nothing).", []string{"reason"}, nil)
+	descResolved = prometheus.NewDesc("gymtrace_parent_resolved_total",
+		"Client spans whose parent is the inbound request that caused them, by how the cause was found: context "+
+			"(the kernel bound the call to its request through the asyncio context), nesting (no context: the "+
+			"innermost of one chain of requests in flight), only_in_flight (no context: the one request in flight "+
+			"in the process). The last two are inferences, made only for processes whose records carry no context "+
+			"and have lost none.", []string{"how"}, nil)
 	descNoContext = prometheus.NewDesc("gymtrace_parent_no_context_total",
 		"Client spans left without a parent because their process's asyncio context cannot be read "+
 			"(an unrecognised uvloop build; gymtrace.parent.unresolved=uvloop_unrecognized).", nil, nil)
@@ -311,7 +320,7 @@ type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descPython, descBuilt,
-		descUnresolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject,
+		descUnresolved, descResolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject,
 		descGymProcs, descGymCapped, descRewardMissing, descGymProcsCapped, descReady} {
 		ch <- d
 	}
@@ -344,6 +353,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRingbuf, src.RingbufReserveFailures)
 	counter(descRecords, src.RecordsRead)
 	perLabel(descUnresolved, src.ParentUnresolved)
+	perLabel(descResolved, src.ParentResolved)
 	counter(descNoContext, src.ParentNoContext)
 	if src.Roles != nil {
 		r := src.Roles()

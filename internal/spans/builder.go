@@ -68,6 +68,7 @@ type Stats struct {
 	Truncated            uint64               // spans ended by gymtrace (shutdown, eviction): nemo.span.truncated
 	ParentByContext      uint64               // client requests attributed by asyncio context (sandbox CLIs count in these four too)
 	ParentByNesting      uint64               // client requests attributed as the innermost of one chain of in-flight requests
+	ParentOnlyInFlight   uint64               // client requests attributed to the one inbound request in flight (no context)
 	ParentNone           uint64               // client requests with no inbound request in flight: roots
 	ParentAmbiguous      uint64               // client requests with several candidate inbound requests: roots marked unresolved
 	ParentNotTraced      uint64               // ... whose cause the kernel named is not traced (gated off, lost, before attach)

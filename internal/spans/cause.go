@@ -111,6 +111,7 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 		b.st.ParentNone++
 		return nil
 	case 1:
+		b.st.ParentOnlyInFlight++
 		return only
 	}
 	// Several in flight. If they are nested (the agent's /run awaiting its own

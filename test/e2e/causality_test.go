@@ -487,6 +487,7 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 	}
 	t.Logf("kernel asyncio context counters: %s", pyContextCounters(m))
 	t.Logf("server joins: %s", labelCounters(m, "gymtrace_server_joins_total", "how"))
+	t.Logf("parents resolved: %s", labelCounters(m, "gymtrace_parent_resolved_total", "how"))
 	t.Logf("kernel events: %s", labelCounters(m, "gymtrace_kernel_events_total", "reason"))
 	kb := scoreKernelBindings(recs, spans)
 	t.Logf("kernel bindings of calls to their request: %s", kb)
