@@ -67,7 +67,7 @@ func (t *agent) metricSources() metrics.Sources {
 		ParentUnresolved: func() map[string]uint64 {
 			st := t.spans.Builder().Stats()
 			return map[string]uint64{"ambiguous": st.ParentAmbiguous, "request_not_traced": st.ParentNotTraced,
-				"context_unbound": st.ParentUnbound, "records_lost": st.ParentRecordsLost}
+				"context_unbound": st.ParentUnbound, "records_lost": st.ParentRecordsLost, "cause_after_call": st.ParentImpossible}
 		},
 		ParentResolved: func() map[string]uint64 {
 			st := t.spans.Builder().Stats()

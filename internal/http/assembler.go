@@ -161,6 +161,19 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		a.st.OutOfOrder++
 		return
 	}
+	if ev.Side == loader.SideServer && ev.Gap&loader.GapLost != 0 {
+		// A record of this connection was lost just before this request's.
+		// Exchanges still waiting here had their response records lost, or
+		// their client pipelines: a client that waits for each answer
+		// (aiohttp, every Gym client) sends the next request only after
+		// the whole response. Left open, such an exchange would look in
+		// flight until the next response or the close, and whatever names
+		// it meanwhile (a call bound to a context that outlived it) would
+		// hang under a request that is over. Ended as lost here; a
+		// pipelined response that comes after all pairs with nothing
+		// (OrphanResponses), and no pairing shifts.
+		a.lostBefore(c, ev.Seq, h)
+	}
 	if len(c.q) >= a.opt.MaxPending {
 		// Its response, when it comes, finds no request of its index and
 		// is dropped: nothing else shifts.

@@ -310,3 +310,36 @@ func TestAssemblerCloseAfterLostResponse(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 }
+
+// A server request whose record follows a lost one on its connection ends
+// the exchanges still waiting there: their responses went out before this
+// request came (a client that waits for each answer), only their records
+// were lost. Left open, they would look in flight while this request's
+// handler runs, and a call bound to one of them would hang under a request
+// that is over.
+func TestAssemblerLostResponseEndsAtNextRequest(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, 0, "/v1/responses", 10), r)
+	// response 0 lost: the next request's record says so
+	next := reqEv(1, 1, "/v1/responses", 30)
+	next.Gap = loader.GapLost
+	a.Add(next, r)
+	if len(r.done) != 1 || r.done[0].Seq != 0 || r.done[0].Err != ErrResponseLost {
+		t.Fatalf("done %v, want request 0 ended as ErrResponseLost when request 1 came", r.done)
+	}
+	a.Add(respEv(1, 1, 200, 40, 0), r)
+	if len(r.done) != 2 || r.done[1].Seq != 1 || r.done[1].Status != 200 {
+		t.Fatalf("done %v, want request 1 answered 200", r.done)
+	}
+	// Without a loss nothing is ended early: a pipelining client's first
+	// request keeps waiting for its own answer.
+	a.Add(reqEv(2, 0, "/a", 50), r)
+	a.Add(reqEv(2, 1, "/b", 51), r)
+	a.Add(respEv(2, 0, 201, 60, 0), r)
+	if x := r.done[len(r.done)-1]; x.Path != "/a" || x.Status != 201 {
+		t.Errorf("pipelined: %s %d, want /a 201", x.Path, x.Status)
+	}
+	if s := a.Stats(); s.ResponsesLost != 1 {
+		t.Errorf("stats %+v, want 1 response lost", s)
+	}
+}

@@ -267,7 +267,8 @@ var (
 			"gymtrace.parent.unresolved attribute): ambiguous (several requests in flight, no context), "+
 			"request_not_traced (the request the kernel named has no record: gated off, lost, or before attach), "+
 			"context_unbound (the call's asyncio context is bound to no traced request), records_lost (the process "+
-			"lost records, so what is in flight proves nothing).", []string{"reason"}, nil)
+			"lost records, so what is in flight proves nothing), cause_after_call (the request the kernel named began after "+
+			"the call: a binding that cannot be right).", []string{"reason"}, nil)
 	descResolved = prometheus.NewDesc("gymtrace_parent_resolved_total",
 		"Client spans whose parent is the inbound request that caused them, by how the cause was found: context "+
 			"(the kernel bound the call to its request through the asyncio context), nesting (no context: the "+

@@ -69,6 +69,7 @@ type Stats struct {
 	ParentByContext      uint64               // client requests attributed by asyncio context (sandbox CLIs count in these four too)
 	ParentByNesting      uint64               // client requests attributed as the innermost of one chain of in-flight requests
 	ParentOnlyInFlight   uint64               // client requests attributed to the one inbound request in flight (no context)
+	ParentImpossible     uint64               // client requests the kernel bound to a request that began after them (left unparented)
 	ParentNone           uint64               // client requests with no inbound request in flight: roots
 	ParentAmbiguous      uint64               // client requests with several candidate inbound requests: roots marked unresolved
 	ParentNotTraced      uint64               // ... whose cause the kernel named is not traced (gated off, lost, before attach)

@@ -202,3 +202,40 @@ func TestClientRecordAfterServerAnswered(t *testing.T) {
 		}
 	}
 }
+
+// The kernel bound a call to a request that began after it: no handler can
+// have made a call before its request was read, so the binding is wrong and
+// the call gets no parent (cause_after_call), never that request's.
+func TestCauseAfterCallIsNoParent(t *testing.T) {
+	s := newSim(t, "default")
+	g := newGymStack(s, false)
+	early := s.tick()
+	r0 := g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1))
+	bound := func(start uint64) reqOpt {
+		return func(ev *loader.HTTPEvent) {
+			ev.PyCtx = 0x1001
+			ev.CauseConn, ev.CauseSeq = g.collAgent[0].srvConn, 0
+			if start != 0 {
+				ev.StartNs = start
+			}
+		}
+	}
+	g.agentRes[0].request(loader.MethodPOST, "/seed_session", bound(0)).respond(200)
+	g.agentRes[1].request(loader.MethodPOST, "/seed_session", bound(early)).respond(200)
+	r0.respond(200)
+	clients := findSpans(s.spans, "HTTP POST")
+	if len(clients) != 2 {
+		t.Fatalf("%d client spans", len(clients))
+	}
+	if !clients[0].Parent.IsValid() {
+		t.Errorf("a call made during its request got no parent")
+	}
+	noAttr(t, clients[0], "gymtrace.parent.unresolved")
+	if clients[1].Parent.IsValid() {
+		t.Errorf("a call bound to a request that began after it got a parent")
+	}
+	mustAttr(t, clients[1], "gymtrace.parent.unresolved", "cause_after_call")
+	if st := s.b.Stats(); st.ParentImpossible != 1 || st.ParentByContext != 1 {
+		t.Errorf("ParentImpossible = %d, ParentByContext = %d, want 1 and 1", st.ParentImpossible, st.ParentByContext)
+	}
+}

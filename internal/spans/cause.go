@@ -59,10 +59,20 @@ func (b *Builder) cause(x *http.Exchange, why *string) *inbound {
 	// context (bpf/python.h): exact, whatever else is in flight.
 	if x.CauseConn != 0 {
 		for _, in := range b.inflight[x.PID] {
-			if in.x.ConnID == x.CauseConn && in.x.Seq == x.CauseSeq {
-				b.st.ParentByContext++
-				return in
+			if in.x.ConnID != x.CauseConn || in.x.Seq != x.CauseSeq {
+				continue
 			}
+			if in.x.ReqStart > x.ReqStart {
+				// A handler runs after its request was read: a request
+				// that began after the call cannot have made it. Never
+				// seen; a wrong binding must not become a parent.
+				b.st.ParentNone++
+				b.st.ParentImpossible++
+				*why = "cause_after_call"
+				return nil
+			}
+			b.st.ParentByContext++
+			return in
 		}
 		// Its request is not traced (gated off, or before attach): the call
 		// has no parent here, as in Gym when that request has no span.
