@@ -157,6 +157,36 @@ func scorerDisagrees(recs []truthRec, spans []Span) (n int, examples []string) {
 			}
 		}
 	}
+	var ins []truthRec
+	for _, r := range recs {
+		if r.Ev == "in" && r.Peer.Port != 0 && !(r.Method == "GET" && r.Path == "/") {
+			ins = append(ins, r)
+		}
+	}
+	mi := matchByPorts(ins, func(r truthRec) (joinKey, bool) {
+		return joinKey{r.PID, r.Peer.Port, r.Local.Port}, true
+	}, spans, func(s Span) (joinKey, bool) {
+		return joinKey{s.PID(), s.AttrInt("client.port"), s.AttrInt("server.port")}, s.Kind == "SERVER"
+	})
+	inConn := map[joinKey][]truthRec{}
+	for _, r := range ins {
+		k := joinKey{r.PID, r.Peer.Port, r.Local.Port}
+		inConn[k] = append(inConn[k], r)
+	}
+	for ri, si := range mi {
+		s := spans[si]
+		if s.Attributes["gymtrace.debug.req_start"] == nil {
+			continue
+		}
+		k := joinKey{s.PID(), s.AttrInt("client.port"), s.AttrInt("server.port")}
+		r, ok := truthAt(inConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), false)
+		if ok && r.ID != ins[ri].ID {
+			n++
+			if len(examples) < 8 {
+				examples = append(examples, fmt.Sprintf("server span %s matched to %s, its kernel start to %s", s.SpanID, ins[ri].ID, r.ID))
+			}
+		}
+	}
 	return n, examples
 }
 
