@@ -119,7 +119,9 @@ func TestPressureGone(t *testing.T) {
 	r, exp := newTest(t, Config{Pressure: true})
 	r.SetPressure([]ProcPressure{{agentProc, pressure.Reading{CPU: 1, HasCPU: true, TreeMiB: 1}}}, pressure.Host{UsedMiB: 1, TotalMiB: 2})
 	r.Gone(agentProc.PID)
+	exp.mu.Lock()
 	exp.got = nil
+	exp.mu.Unlock()
 	for svc, byName := range flush(t, r, exp) {
 		for _, n := range []string{ProcessCPU, ProcessTreeMem, HostMemoryUsed} {
 			if _, ok := byName[n]; ok {
