@@ -122,68 +122,51 @@ func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
 	return k
 }
 
-// scorerDisagrees counts the CLIENT spans the scorer (matchByPorts: by
-// ports and time overlap) gives another truth record than the kernel's own
-// start time does (truthAt): a wrong parent reported on such a span may be
-// the scorer's.
+// scorerDisagrees counts the spans the scorer (matchByPorts: by ports and
+// time overlap) gives another truth record than the kernel's own start time
+// does (truthAt): a wrong parent reported on such a span may be the scorer's.
 func scorerDisagrees(recs []truthRec, spans []Span) (n int, examples []string) {
-	var outs []truthRec
+	var ins, outs []truthRec
 	for _, r := range recs {
-		if r.Ev == "out" && r.Cause != "" && r.Local.Port != 0 {
+		switch {
+		case r.Ev == "out" && r.Cause != "" && r.Local.Port != 0:
 			outs = append(outs, r)
-		}
-	}
-	m := matchByPorts(outs, func(r truthRec) (joinKey, bool) {
-		return joinKey{r.PID, r.Local.Port, r.Remote.Port}, true
-	}, spans, func(s Span) (joinKey, bool) {
-		return joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}, s.Kind == "CLIENT"
-	})
-	byConn := map[joinKey][]truthRec{}
-	for _, r := range outs {
-		k := joinKey{r.PID, r.Local.Port, r.Remote.Port}
-		byConn[k] = append(byConn[k], r)
-	}
-	for ri, si := range m {
-		s := spans[si]
-		if s.Attributes["gymtrace.debug.req_start"] == nil {
-			continue
-		}
-		k := joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}
-		o, ok := truthAt(byConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), true)
-		if ok && o.ID != outs[ri].ID {
-			n++
-			if len(examples) < 8 {
-				examples = append(examples, fmt.Sprintf("span %s matched to %s, its kernel start to %s", s.SpanID, outs[ri].ID, o.ID))
-			}
-		}
-	}
-	var ins []truthRec
-	for _, r := range recs {
-		if r.Ev == "in" && r.Peer.Port != 0 && !(r.Method == "GET" && r.Path == "/") {
+		case r.Ev == "in" && r.Peer.Port != 0 && !(r.Method == "GET" && r.Path == "/"):
 			ins = append(ins, r)
 		}
 	}
-	mi := matchByPorts(ins, func(r truthRec) (joinKey, bool) {
-		return joinKey{r.PID, r.Peer.Port, r.Local.Port}, true
-	}, spans, func(s Span) (joinKey, bool) {
-		return joinKey{s.PID(), s.AttrInt("client.port"), s.AttrInt("server.port")}, s.Kind == "SERVER"
-	})
-	inConn := map[joinKey][]truthRec{}
-	for _, r := range ins {
-		k := joinKey{r.PID, r.Peer.Port, r.Local.Port}
-		inConn[k] = append(inConn[k], r)
+	client := func(s Span) (joinKey, bool) {
+		return joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}, s.Kind == "CLIENT"
 	}
-	for ri, si := range mi {
-		s := spans[si]
-		if s.Attributes["gymtrace.debug.req_start"] == nil {
-			continue
+	server := func(s Span) (joinKey, bool) {
+		return joinKey{s.PID(), s.AttrInt("client.port"), s.AttrInt("server.port")}, s.Kind == "SERVER"
+	}
+	for _, side := range []struct {
+		recs   []truthRec
+		recKey func(truthRec) joinKey
+		key    func(Span) (joinKey, bool)
+		before bool // the truth stamp precedes the kernel's (a call) or follows it (a request)
+	}{
+		{outs, func(r truthRec) joinKey { return joinKey{r.PID, r.Local.Port, r.Remote.Port} }, client, true},
+		{ins, func(r truthRec) joinKey { return joinKey{r.PID, r.Peer.Port, r.Local.Port} }, server, false},
+	} {
+		byConn := map[joinKey][]truthRec{}
+		for _, r := range side.recs {
+			byConn[side.recKey(r)] = append(byConn[side.recKey(r)], r)
 		}
-		k := joinKey{s.PID(), s.AttrInt("client.port"), s.AttrInt("server.port")}
-		r, ok := truthAt(inConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), false)
-		if ok && r.ID != ins[ri].ID {
-			n++
-			if len(examples) < 8 {
-				examples = append(examples, fmt.Sprintf("server span %s matched to %s, its kernel start to %s", s.SpanID, ins[ri].ID, r.ID))
+		m := matchByPorts(side.recs, func(r truthRec) (joinKey, bool) { return side.recKey(r), true }, spans, side.key)
+		for ri, si := range m {
+			s := spans[si]
+			k, _ := side.key(s)
+			if s.Attributes["gymtrace.debug.req_start"] == nil {
+				continue
+			}
+			r, ok := truthAt(byConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), side.before)
+			if ok && r.ID != side.recs[ri].ID {
+				n++
+				if len(examples) < 8 {
+					examples = append(examples, fmt.Sprintf("%s span %s matched to %s, its kernel start to %s", s.Kind, s.SpanID, side.recs[ri].ID, r.ID))
+				}
 			}
 		}
 	}
