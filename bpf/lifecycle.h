@@ -360,6 +360,7 @@ int gt_exit(void *ctx)
 		return 0;
 	gt_bit_set(tgid, 0);
 	bpf_map_delete_elem(&gt_targets, &tgid);
+	bpf_map_delete_elem(&gt_startups, &tgid); // bpf/startup.h: it never answered
 	struct proc_event *e = gt_proc_reserve(GT_EV_PROC_EXIT);
 	if (!e)
 		return 0;

@@ -12,6 +12,7 @@
 #include "http_reward.h" // the reward of /verify responses (message.h)
 #include "python.h"
 #include "io.h" // struct gt_io: one traced read or write
+#include "startup.h" // listen(2) and the first answer of a process starting (the startup group)
 #include "http_genai.h" // model names and token counts of model exchanges (message.h)
 
 #include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
@@ -267,6 +268,9 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 		return 0;
 	struct gt_target *tg = bpf_map_lookup_elem(&gt_targets, &tgid);
 	__u8 role = tg ? tg->role : GT_ROLE_UNKNOWN;
+	// Before the HTTP gate: a server's first answer needs no HTTP group.
+	if (dir == 1 && ret > 0 && (cfg->mask & GT_GROUP_STARTUP))
+		gt_startup_write(tgid);
 	__u64 possible = cfg->server_possible[role & 7] | cfg->client_possible;
 	if (!(possible & cfg->mask) && !(cfg->flags & GT_CFG_NO_GATE))
 		return 0;

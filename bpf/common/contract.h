@@ -26,6 +26,8 @@ enum gt_event_kind {
 	GT_EV_SANDBOX_START = 7, // a target's child exec'd a sandbox provider CLI
 	GT_EV_SANDBOX_END = 8,   // ... and exited
 	GT_EV_GENAI = 9,         // the GenAI values of a model exchange (struct genai_event), just before its response
+	GT_EV_STARTUP_LISTEN = 10, // a process born under a target called listen() (struct proc_event; startup group, bpf/startup.h)
+	GT_EV_STARTUP_READY = 11,  // ... and first wrote on a connection to that port: its first answer
 };
 
 // The API a model server's route speaks (struct genai_event dialect).
@@ -316,7 +318,8 @@ struct proc_event {
 	__u32 ppid;    // its parent (the target, for fork and sandbox events)
 	__u32 tid;     // the parent's thread that forked (for causality)
 	__s32 exit_code; // GT_EV_PROC_EXIT / GT_EV_SANDBOX_END: exit status (0..255), or -signal
-	__u32 _pad;
+	__u16 port;      // GT_EV_STARTUP_*: the local port the process listens on
+	__u16 _pad;
 	__u64 ts_ns;  // bpf_ktime_get_ns()
 	__u64 start_ns; // GT_EV_SANDBOX_END: when the sandbox CLI was exec'd
 	__u64 py_ctx; // asyncio context of the forking thread, 0 when unknown

@@ -13,4 +13,5 @@
 #define GT_GROUP_CHECKPOINT (1ULL << 8)
 #define GT_GROUP_STEP (1ULL << 9)
 #define GT_GROUP_OPTIMIZER (1ULL << 10)
-#define GT_GROUP_COUNT 11
+#define GT_GROUP_STARTUP (1ULL << 11)
+#define GT_GROUP_COUNT 12

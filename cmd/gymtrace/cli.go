@@ -184,6 +184,10 @@ func cmdGroups(args []string, stdout, stderr io.Writer, lookupEnv func(string) (
 	for _, name := range mask.Names() {
 		fmt.Fprintln(stdout, name)
 	}
+	if mask == groups.DefaultMask {
+		// Gym's newer default has startup; say so where the preset is read.
+		fmt.Fprintln(stderr, "gymtrace: note: "+groups.StartupNote)
+	}
 	warnJoin(log, mask)
 	return exitOK
 }

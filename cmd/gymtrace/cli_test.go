@@ -38,10 +38,11 @@ func lines(s string) []string {
 
 func TestGroupsCommand(t *testing.T) {
 	cases := map[string]string{
-		"Default, sandbox":          "http_client job rollout sandbox server",
-		"per_rollout":               "agent http_client model_call rollout server verify",
-		"all":                       "agent checkpoint http_client job model_call optimizer rollout sandbox server step verify",
-		"server,http_client,verify": "http_client server verify",
+		"Default, sandbox":           "http_client job rollout sandbox server",
+		"per_rollout":                "agent http_client model_call rollout server verify",
+		"all":                        "agent checkpoint http_client job model_call optimizer rollout sandbox server startup step verify",
+		"startup,server,http_client": "http_client server startup",
+		"server,http_client,verify":  "http_client server verify",
 	}
 	for spec, want := range cases {
 		code, out, errOut := cli(t, nil, "groups", spec)
@@ -52,8 +53,15 @@ func TestGroupsCommand(t *testing.T) {
 			t.Errorf("groups %q: unexpected stderr %q", spec, errOut)
 		}
 	}
-	if code, out, _ := cli(t, nil, "groups", "all"); code != 0 || len(lines(out)) != 11 {
+	if code, out, _ := cli(t, nil, "groups", "all"); code != 0 || len(lines(out)) != 12 {
 		t.Errorf("all: %d lines", len(lines(out)))
+	}
+	// The default preset is Gym's page's; Gym's newer default adds startup,
+	// and the command says so (on stderr: stdout stays one group a line).
+	code, out, errOut := cli(t, nil, "groups", "default")
+	if code != 0 || strings.Join(lines(out), " ") != "http_client job rollout server" ||
+		!strings.Contains(errOut, "adds startup to its default preset") {
+		t.Errorf("default: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
 
@@ -62,7 +70,7 @@ func TestGroupsUnknown(t *testing.T) {
 	if code != 2 || out != "" {
 		t.Fatalf("exit %d stdout %q", code, out)
 	}
-	want := `gymtrace: unknown span group or preset "defualt"; valid options: agent, all, checkpoint, default, http_client, job, model_call, optimizer, per_rollout, rollout, sandbox, server, step, verify` + "\n"
+	want := `gymtrace: unknown span group or preset "defualt"; valid options: agent, all, checkpoint, default, http_client, job, model_call, optimizer, per_rollout, rollout, sandbox, server, startup, step, verify` + "\n"
 	if errOut != want {
 		t.Errorf("stderr\n got %q\nwant %q", errOut, want)
 	}

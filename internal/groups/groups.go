@@ -31,9 +31,13 @@ const (
 	Checkpoint Group = 8
 	Step       Group = 9
 	Optimizer  Group = 10
+	// Startup is Gym's newer startup group (gym.startup and its children).
+	// Gym's newer code adds it to its default preset; gymtrace's presets stay
+	// as the span-groups page defines them (StartupNote).
+	Startup Group = 11
 
 	// Count is the number of groups; every Group is below it.
-	Count = 11
+	Count = 12
 )
 
 // Info describes one group as Gym's span-group page does.
@@ -60,7 +64,15 @@ var table = [Count]Info{
 	{Checkpoint, "checkpoint", nil, "Inherited from nemo-lens; nothing in NeMo Gym emits it", true},
 	{Step, "step", nil, "Inherited from nemo-lens; nothing in NeMo Gym emits it", true},
 	{Optimizer, "optimizer", nil, "Inherited from nemo-lens; nothing in NeMo Gym emits it", true},
+	{Startup, "startup", []string{"gym.startup", "gym.startup.server", "gym.server.startup", "gym.server.startup.<stage>"},
+		"The orchestrator and each server while they start (Gym's newer code; from outside: fork, exec, listen, first answer)", false},
 }
+
+// StartupNote says why the presets leave startup out although Gym's newer
+// code puts it in its default: `gymtrace groups` and --help print it.
+const StartupNote = "Gym's newer code adds startup to its default preset; gymtrace's presets stay as Gym's " +
+	"span-groups page defines them (startup spans come once per server start, not per rollout: " +
+	"select it by name, or through all)."
 
 // All returns the group table in bit order. The slice is a copy.
 func All() []Info {

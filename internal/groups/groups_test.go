@@ -13,7 +13,7 @@ func TestBitsAreStable(t *testing.T) {
 	// The kernel reads these numbers; changing one silently mis-gates.
 	want := map[string]Group{
 		"job": 0, "server": 1, "http_client": 2, "rollout": 3, "agent": 4, "model_call": 5,
-		"verify": 6, "sandbox": 7, "checkpoint": 8, "step": 9, "optimizer": 10,
+		"verify": 6, "sandbox": 7, "checkpoint": 8, "step": 9, "optimizer": 10, "startup": 11,
 	}
 	if len(want) != Count {
 		t.Fatalf("Count = %d, want %d", Count, len(want))
@@ -45,6 +45,7 @@ func TestTableMatchesSpec(t *testing.T) {
 		"verify":      {"gym.verify"},
 		"sandbox":     {"gym.sandbox.start", "gym.sandbox.exec"},
 		"checkpoint":  nil, "step": nil, "optimizer": nil,
+		"startup": {"gym.startup", "gym.startup.server", "gym.server.startup", "gym.server.startup.<stage>"},
 	}
 	for _, in := range All() {
 		if !reflect.DeepEqual(in.Spans, spans[in.Name]) {
@@ -79,7 +80,8 @@ func TestResolvePresets(t *testing.T) {
 		"default":     {"http_client", "job", "rollout", "server"},
 		"per_rollout": {"agent", "http_client", "model_call", "rollout", "server", "verify"},
 		"all": {"agent", "checkpoint", "http_client", "job", "model_call", "optimizer", "rollout",
-			"sandbox", "server", "step", "verify"},
+			"sandbox", "server", "startup", "step", "verify"},
+		"startup": {"startup"},
 	}
 	for spec, want := range cases {
 		if got := names(t, spec); !reflect.DeepEqual(got, want) {
@@ -92,6 +94,11 @@ func TestResolvePresets(t *testing.T) {
 	// per_rollout omits job on purpose; every preset keeps both join halves.
 	if PerRolloutMask.Has(Job) {
 		t.Error("per_rollout must not include job")
+	}
+	// The presets are Gym's span-groups page's: startup (Gym's newer code,
+	// in its newer default) is reached by name or through all only.
+	if DefaultMask.Has(Startup) || PerRolloutMask.Has(Startup) || !AllMask.Has(Startup) {
+		t.Error("startup must be in all and in no other preset")
 	}
 	for _, p := range Presets() {
 		if !p.Mask.Has(Server) || !p.Mask.Has(HTTPClient) {
@@ -146,7 +153,7 @@ func TestResolveUnknown(t *testing.T) {
 			t.Errorf("Resolve(%q) error %v: want part %q", spec, err, bad)
 		}
 		want := `unknown span group or preset "` + bad + `"; valid options: agent, all, checkpoint, default, ` +
-			`http_client, job, model_call, optimizer, per_rollout, rollout, sandbox, server, step, verify`
+			`http_client, job, model_call, optimizer, per_rollout, rollout, sandbox, server, startup, step, verify`
 		if err.Error() != want {
 			t.Errorf("Resolve(%q) error\n got %s\nwant %s", spec, err, want)
 		}
@@ -167,7 +174,7 @@ func TestMaskMethods(t *testing.T) {
 	if !reflect.DeepEqual(m.Groups(), []Group{Server, Verify}) {
 		t.Errorf("Groups = %v", m.Groups())
 	}
-	if AllGroups != 1<<11-1 {
+	if AllGroups != 1<<12-1 {
 		t.Errorf("AllGroups = %#x", AllGroups)
 	}
 	// String round-trips through Resolve.
@@ -223,7 +230,8 @@ func TestHeaderContent(t *testing.T) {
 		"#define GT_GROUP_HTTP_CLIENT (1ULL << 2)",
 		"#define GT_GROUP_MODEL_CALL (1ULL << 5)",
 		"#define GT_GROUP_OPTIMIZER (1ULL << 10)",
-		"#define GT_GROUP_COUNT 11",
+		"#define GT_GROUP_STARTUP (1ULL << 11)",
+		"#define GT_GROUP_COUNT 12",
 		"#pragma once",
 	} {
 		if !strings.Contains(h, line+"\n") {
@@ -238,7 +246,7 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"model_call", "gym.model.messages", "per_rollout", "GROUP", "PRESET", "optimizer", "every group, including sandbox"} {
+	for _, want := range []string{"model_call", "gym.model.messages", "per_rollout", "GROUP", "PRESET", "optimizer", "every group, including sandbox and startup", "startup to its default preset"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

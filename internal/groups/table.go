@@ -23,9 +23,13 @@ func WriteTable(w io.Writer) error {
 	for _, p := range presets {
 		gs := strings.Join(p.Mask.Names(), ", ")
 		if p.Mask == AllGroups {
-			gs = "every group, including sandbox"
+			gs = "every group, including sandbox and startup"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name, gs, p.UseWhen)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "\n"+StartupNote)
+	return err
 }

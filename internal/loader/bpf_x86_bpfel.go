@@ -199,15 +199,17 @@ const (
 type bpfGtEventKind uint32
 
 const (
-	bpfGtEventKindGT_EV_REQUEST       bpfGtEventKind = 1
-	bpfGtEventKindGT_EV_RESPONSE      bpfGtEventKind = 2
-	bpfGtEventKindGT_EV_CLOSE         bpfGtEventKind = 3
-	bpfGtEventKindGT_EV_PROC_FORK     bpfGtEventKind = 4
-	bpfGtEventKindGT_EV_PROC_EXEC     bpfGtEventKind = 5
-	bpfGtEventKindGT_EV_PROC_EXIT     bpfGtEventKind = 6
-	bpfGtEventKindGT_EV_SANDBOX_START bpfGtEventKind = 7
-	bpfGtEventKindGT_EV_SANDBOX_END   bpfGtEventKind = 8
-	bpfGtEventKindGT_EV_GENAI         bpfGtEventKind = 9
+	bpfGtEventKindGT_EV_REQUEST        bpfGtEventKind = 1
+	bpfGtEventKindGT_EV_RESPONSE       bpfGtEventKind = 2
+	bpfGtEventKindGT_EV_CLOSE          bpfGtEventKind = 3
+	bpfGtEventKindGT_EV_PROC_FORK      bpfGtEventKind = 4
+	bpfGtEventKindGT_EV_PROC_EXEC      bpfGtEventKind = 5
+	bpfGtEventKindGT_EV_PROC_EXIT      bpfGtEventKind = 6
+	bpfGtEventKindGT_EV_SANDBOX_START  bpfGtEventKind = 7
+	bpfGtEventKindGT_EV_SANDBOX_END    bpfGtEventKind = 8
+	bpfGtEventKindGT_EV_GENAI          bpfGtEventKind = 9
+	bpfGtEventKindGT_EV_STARTUP_LISTEN bpfGtEventKind = 10
+	bpfGtEventKindGT_EV_STARTUP_READY  bpfGtEventKind = 11
 )
 
 type bpfGtGap uint32
@@ -700,6 +702,13 @@ const (
 	bpfGtSideGT_SIDE_CLIENT  bpfGtSide = 2
 )
 
+type bpfGtStartup struct {
+	_        structs.HostLayout
+	ListenNs uint64
+	Port     uint16
+	Pad      [6]uint8
+}
+
 type bpfGtStat uint32
 
 const (
@@ -871,7 +880,8 @@ type bpfProcEvent struct {
 	Ppid      uint32
 	Tid       uint32
 	ExitCode  int32
-	Pad       uint32
+	Port      uint16
+	Pad       uint16
 	TsNs      uint64
 	StartNs   uint64
 	PyCtx     uint64
@@ -912,6 +922,7 @@ const (
 	bpfMapGtRoutes               = "gt_routes"
 	bpfMapGtSandboxes            = "gt_sandboxes"
 	bpfMapGtScratch              = "gt_scratch"
+	bpfMapGtStartups             = "gt_startups"
 	bpfMapGtStats                = "gt_stats"
 	bpfMapGtTargetBits           = "gt_target_bits"
 	bpfMapGtTargets              = "gt_targets"
@@ -924,6 +935,7 @@ const (
 	bpfProgGtEnterClose          = "gt_enter_close"
 	bpfProgGtExec                = "gt_exec"
 	bpfProgGtExit                = "gt_exit"
+	bpfProgGtExitListen          = "gt_exit_listen"
 	bpfProgGtExitRead            = "gt_exit_read"
 	bpfProgGtExitReadv           = "gt_exit_readv"
 	bpfProgGtExitRecvfrom        = "gt_exit_recvfrom"
@@ -1022,6 +1034,7 @@ type bpfProgramSpecs struct {
 	GtEnterClose         *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
 	GtExec               *ebpf.ProgramSpec `ebpf:"gt_exec"`
 	GtExit               *ebpf.ProgramSpec `ebpf:"gt_exit"`
+	GtExitListen         *ebpf.ProgramSpec `ebpf:"gt_exit_listen"`
 	GtExitRead           *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
 	GtExitReadv          *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom       *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
@@ -1077,6 +1090,7 @@ type bpfMapSpecs struct {
 	GtRoutes        *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtSandboxes     *ebpf.MapSpec `ebpf:"gt_sandboxes"`
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
+	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
@@ -1170,6 +1184,7 @@ type bpfMaps struct {
 	GtRoutes        *ebpf.Map `ebpf:"gt_routes"`
 	GtSandboxes     *ebpf.Map `ebpf:"gt_sandboxes"`
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
+	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
@@ -1210,6 +1225,7 @@ func (m *bpfMaps) Close() error {
 		m.GtRoutes,
 		m.GtSandboxes,
 		m.GtScratch,
+		m.GtStartups,
 		m.GtStats,
 		m.GtTargetBits,
 		m.GtTargets,
@@ -1264,6 +1280,7 @@ type bpfPrograms struct {
 	GtEnterClose         *ebpf.Program `ebpf:"gt_enter_close"`
 	GtExec               *ebpf.Program `ebpf:"gt_exec"`
 	GtExit               *ebpf.Program `ebpf:"gt_exit"`
+	GtExitListen         *ebpf.Program `ebpf:"gt_exit_listen"`
 	GtExitRead           *ebpf.Program `ebpf:"gt_exit_read"`
 	GtExitReadv          *ebpf.Program `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom       *ebpf.Program `ebpf:"gt_exit_recvfrom"`
@@ -1293,6 +1310,7 @@ func (p *bpfPrograms) Close() error {
 		p.GtEnterClose,
 		p.GtExec,
 		p.GtExit,
+		p.GtExitListen,
 		p.GtExitRead,
 		p.GtExitReadv,
 		p.GtExitRecvfrom,

@@ -43,6 +43,7 @@ const (
 	bpfboundedMapGtRoutes               = "gt_routes"
 	bpfboundedMapGtSandboxes            = "gt_sandboxes"
 	bpfboundedMapGtScratch              = "gt_scratch"
+	bpfboundedMapGtStartups             = "gt_startups"
 	bpfboundedMapGtStats                = "gt_stats"
 	bpfboundedMapGtTargetBits           = "gt_target_bits"
 	bpfboundedMapGtTargets              = "gt_targets"
@@ -55,6 +56,7 @@ const (
 	bpfboundedProgGtEnterClose          = "gt_enter_close"
 	bpfboundedProgGtExec                = "gt_exec"
 	bpfboundedProgGtExit                = "gt_exit"
+	bpfboundedProgGtExitListen          = "gt_exit_listen"
 	bpfboundedProgGtExitRead            = "gt_exit_read"
 	bpfboundedProgGtExitReadv           = "gt_exit_readv"
 	bpfboundedProgGtExitRecvfrom        = "gt_exit_recvfrom"
@@ -153,6 +155,7 @@ type bpfboundedProgramSpecs struct {
 	GtEnterClose         *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
 	GtExec               *ebpf.ProgramSpec `ebpf:"gt_exec"`
 	GtExit               *ebpf.ProgramSpec `ebpf:"gt_exit"`
+	GtExitListen         *ebpf.ProgramSpec `ebpf:"gt_exit_listen"`
 	GtExitRead           *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
 	GtExitReadv          *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom       *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
@@ -208,6 +211,7 @@ type bpfboundedMapSpecs struct {
 	GtRoutes        *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtSandboxes     *ebpf.MapSpec `ebpf:"gt_sandboxes"`
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
+	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
@@ -301,6 +305,7 @@ type bpfboundedMaps struct {
 	GtRoutes        *ebpf.Map `ebpf:"gt_routes"`
 	GtSandboxes     *ebpf.Map `ebpf:"gt_sandboxes"`
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
+	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
@@ -341,6 +346,7 @@ func (m *bpfboundedMaps) Close() error {
 		m.GtRoutes,
 		m.GtSandboxes,
 		m.GtScratch,
+		m.GtStartups,
 		m.GtStats,
 		m.GtTargetBits,
 		m.GtTargets,
@@ -395,6 +401,7 @@ type bpfboundedPrograms struct {
 	GtEnterClose         *ebpf.Program `ebpf:"gt_enter_close"`
 	GtExec               *ebpf.Program `ebpf:"gt_exec"`
 	GtExit               *ebpf.Program `ebpf:"gt_exit"`
+	GtExitListen         *ebpf.Program `ebpf:"gt_exit_listen"`
 	GtExitRead           *ebpf.Program `ebpf:"gt_exit_read"`
 	GtExitReadv          *ebpf.Program `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom       *ebpf.Program `ebpf:"gt_exit_recvfrom"`
@@ -424,6 +431,7 @@ func (p *bpfboundedPrograms) Close() error {
 		p.GtEnterClose,
 		p.GtExec,
 		p.GtExit,
+		p.GtExitListen,
 		p.GtExitRead,
 		p.GtExitReadv,
 		p.GtExitRecvfrom,

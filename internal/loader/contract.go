@@ -57,7 +57,11 @@ const (
 	EvProcExit     = uint8(bpfGtEventKindGT_EV_PROC_EXIT)
 	EvSandboxStart = uint8(bpfGtEventKindGT_EV_SANDBOX_START)
 	EvSandboxEnd   = uint8(bpfGtEventKindGT_EV_SANDBOX_END)
-	EvGenAI        = uint8(bpfGtEventKindGT_EV_GENAI)
+	// The startup group's records (bpf/startup.h): a process born under a
+	// target listened, and first answered on that port. proc_event's Port.
+	EvStartupListen = uint8(bpfGtEventKindGT_EV_STARTUP_LISTEN)
+	EvStartupReady  = uint8(bpfGtEventKindGT_EV_STARTUP_READY)
+	EvGenAI         = uint8(bpfGtEventKindGT_EV_GENAI)
 )
 
 // GenAI dialects (genai_event.dialect) and the values a record holds
@@ -87,7 +91,9 @@ const (
 
 // IsProcEvent reports whether a ring-buffer record (by its first byte) is a
 // lifecycle record rather than an HTTP one.
-func IsProcEvent(kind uint8) bool { return kind >= EvProcFork && kind <= EvSandboxEnd }
+func IsProcEvent(kind uint8) bool {
+	return kind >= EvProcFork && kind <= EvSandboxEnd || kind == EvStartupListen || kind == EvStartupReady
+}
 
 // Connection sides.
 const (

@@ -60,7 +60,8 @@ type Tracer struct {
 }
 
 // syscall tracepoints, in attach order. Only exits of the data syscalls are
-// hooked (arguments come from the saved registers), plus the entry of close.
+// hooked (arguments come from the saved registers), plus the entry of close
+// and the exit of listen.
 func (t *Tracer) tracepoints() []struct {
 	name string
 	prog *ebpf.Program
@@ -79,6 +80,7 @@ func (t *Tracer) tracepoints() []struct {
 		{"sys_exit_writev", p.GtExitWritev},
 		{"sys_exit_sendmsg", p.GtExitSendmsg},
 		{"sys_enter_close", p.GtEnterClose},
+		{"sys_exit_listen", p.GtExitListen}, // the startup group (bpf/startup.h)
 	}
 }
 
@@ -259,9 +261,19 @@ func (t *Tracer) AddTarget(pid int, role uint8) error {
 	return t.setBit(pid, true)
 }
 
-// RemoveTarget stops tracing a process.
+// RemoveTarget stops tracing a process, unless the kernel follows it on its
+// own: a process it saw being born under a target (GT_TARGET_CHILD) stays
+// followed, as it was before discovery named it. Discovery lets go of a
+// forked child that execs something it does not trace (a launch shell, bash
+// -c around a sandbox CLI); dropping it here would hide what that shell
+// starts (its server's fork and listen, the CLI's exec). The kernel forgets
+// it at its exit.
 func (t *Tracer) RemoveTarget(pid int) error {
 	if pid <= 0 || pid >= 65536*64 {
+		return nil
+	}
+	var cur Target
+	if err := t.objs.GtTargets.Lookup(uint32(pid), &cur); err == nil && cur.Flags&uint8(bpfGtTargetFlagGT_TARGET_CHILD) != 0 {
 		return nil
 	}
 	if err := t.setBit(pid, false); err != nil {

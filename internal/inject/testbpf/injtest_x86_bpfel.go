@@ -165,15 +165,17 @@ const (
 type injtestGtEventKind uint32
 
 const (
-	injtestGtEventKindGT_EV_REQUEST       injtestGtEventKind = 1
-	injtestGtEventKindGT_EV_RESPONSE      injtestGtEventKind = 2
-	injtestGtEventKindGT_EV_CLOSE         injtestGtEventKind = 3
-	injtestGtEventKindGT_EV_PROC_FORK     injtestGtEventKind = 4
-	injtestGtEventKindGT_EV_PROC_EXEC     injtestGtEventKind = 5
-	injtestGtEventKindGT_EV_PROC_EXIT     injtestGtEventKind = 6
-	injtestGtEventKindGT_EV_SANDBOX_START injtestGtEventKind = 7
-	injtestGtEventKindGT_EV_SANDBOX_END   injtestGtEventKind = 8
-	injtestGtEventKindGT_EV_GENAI         injtestGtEventKind = 9
+	injtestGtEventKindGT_EV_REQUEST        injtestGtEventKind = 1
+	injtestGtEventKindGT_EV_RESPONSE       injtestGtEventKind = 2
+	injtestGtEventKindGT_EV_CLOSE          injtestGtEventKind = 3
+	injtestGtEventKindGT_EV_PROC_FORK      injtestGtEventKind = 4
+	injtestGtEventKindGT_EV_PROC_EXEC      injtestGtEventKind = 5
+	injtestGtEventKindGT_EV_PROC_EXIT      injtestGtEventKind = 6
+	injtestGtEventKindGT_EV_SANDBOX_START  injtestGtEventKind = 7
+	injtestGtEventKindGT_EV_SANDBOX_END    injtestGtEventKind = 8
+	injtestGtEventKindGT_EV_GENAI          injtestGtEventKind = 9
+	injtestGtEventKindGT_EV_STARTUP_LISTEN injtestGtEventKind = 10
+	injtestGtEventKindGT_EV_STARTUP_READY  injtestGtEventKind = 11
 )
 
 type injtestGtGenai struct {
@@ -505,6 +507,13 @@ type injtestGtScratch struct {
 	Conn      injtestGtConn
 }
 
+type injtestGtStartup struct {
+	_        structs.HostLayout
+	ListenNs uint64
+	Port     uint16
+	Pad      [6]uint8
+}
+
 type injtestGtStat uint32
 
 const (
@@ -655,6 +664,7 @@ const (
 	injtestMapGtPyWbufs             = "gt_py_wbufs"
 	injtestMapGtRoutes              = "gt_routes"
 	injtestMapGtScratch             = "gt_scratch"
+	injtestMapGtStartups            = "gt_startups"
 	injtestMapGtStats               = "gt_stats"
 	injtestMapGtTargetBits          = "gt_target_bits"
 	injtestMapGtTargets             = "gt_targets"
@@ -662,6 +672,7 @@ const (
 	injtestMapGtTlsPending          = "gt_tls_pending"
 	injtestMapGtTraceCtxs           = "gt_trace_ctxs"
 	injtestProgGtEnterClose         = "gt_enter_close"
+	injtestProgGtExitListen         = "gt_exit_listen"
 	injtestProgGtExitRead           = "gt_exit_read"
 	injtestProgGtExitReadv          = "gt_exit_readv"
 	injtestProgGtExitRecvfrom       = "gt_exit_recvfrom"
@@ -733,6 +744,7 @@ type injtestSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type injtestProgramSpecs struct {
 	GtEnterClose         *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
+	GtExitListen         *ebpf.ProgramSpec `ebpf:"gt_exit_listen"`
 	GtExitRead           *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
 	GtExitReadv          *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom       *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
@@ -778,6 +790,7 @@ type injtestMapSpecs struct {
 	GtPyWbufs       *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
 	GtRoutes        *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
+	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
@@ -849,6 +862,7 @@ type injtestMaps struct {
 	GtPyWbufs       *ebpf.Map `ebpf:"gt_py_wbufs"`
 	GtRoutes        *ebpf.Map `ebpf:"gt_routes"`
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
+	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
@@ -884,6 +898,7 @@ func (m *injtestMaps) Close() error {
 		m.GtPyWbufs,
 		m.GtRoutes,
 		m.GtScratch,
+		m.GtStartups,
 		m.GtStats,
 		m.GtTargetBits,
 		m.GtTargets,
@@ -916,6 +931,7 @@ type injtestVariables struct {
 // It can be passed to loadInjtestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type injtestPrograms struct {
 	GtEnterClose         *ebpf.Program `ebpf:"gt_enter_close"`
+	GtExitListen         *ebpf.Program `ebpf:"gt_exit_listen"`
 	GtExitRead           *ebpf.Program `ebpf:"gt_exit_read"`
 	GtExitReadv          *ebpf.Program `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom       *ebpf.Program `ebpf:"gt_exit_recvfrom"`
@@ -935,6 +951,7 @@ type injtestPrograms struct {
 func (p *injtestPrograms) Close() error {
 	return _InjtestClose(
 		p.GtEnterClose,
+		p.GtExitListen,
 		p.GtExitRead,
 		p.GtExitReadv,
 		p.GtExitRecvfrom,

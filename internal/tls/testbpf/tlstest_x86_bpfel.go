@@ -165,15 +165,17 @@ const (
 type tlstestGtEventKind uint32
 
 const (
-	tlstestGtEventKindGT_EV_REQUEST       tlstestGtEventKind = 1
-	tlstestGtEventKindGT_EV_RESPONSE      tlstestGtEventKind = 2
-	tlstestGtEventKindGT_EV_CLOSE         tlstestGtEventKind = 3
-	tlstestGtEventKindGT_EV_PROC_FORK     tlstestGtEventKind = 4
-	tlstestGtEventKindGT_EV_PROC_EXEC     tlstestGtEventKind = 5
-	tlstestGtEventKindGT_EV_PROC_EXIT     tlstestGtEventKind = 6
-	tlstestGtEventKindGT_EV_SANDBOX_START tlstestGtEventKind = 7
-	tlstestGtEventKindGT_EV_SANDBOX_END   tlstestGtEventKind = 8
-	tlstestGtEventKindGT_EV_GENAI         tlstestGtEventKind = 9
+	tlstestGtEventKindGT_EV_REQUEST        tlstestGtEventKind = 1
+	tlstestGtEventKindGT_EV_RESPONSE       tlstestGtEventKind = 2
+	tlstestGtEventKindGT_EV_CLOSE          tlstestGtEventKind = 3
+	tlstestGtEventKindGT_EV_PROC_FORK      tlstestGtEventKind = 4
+	tlstestGtEventKindGT_EV_PROC_EXEC      tlstestGtEventKind = 5
+	tlstestGtEventKindGT_EV_PROC_EXIT      tlstestGtEventKind = 6
+	tlstestGtEventKindGT_EV_SANDBOX_START  tlstestGtEventKind = 7
+	tlstestGtEventKindGT_EV_SANDBOX_END    tlstestGtEventKind = 8
+	tlstestGtEventKindGT_EV_GENAI          tlstestGtEventKind = 9
+	tlstestGtEventKindGT_EV_STARTUP_LISTEN tlstestGtEventKind = 10
+	tlstestGtEventKindGT_EV_STARTUP_READY  tlstestGtEventKind = 11
 )
 
 type tlstestGtGenai struct {
@@ -440,6 +442,13 @@ type tlstestGtScratch struct {
 	Conn      tlstestGtConn
 }
 
+type tlstestGtStartup struct {
+	_        structs.HostLayout
+	ListenNs uint64
+	Port     uint16
+	Pad      [6]uint8
+}
+
 type tlstestGtStat uint32
 
 const (
@@ -601,6 +610,7 @@ const (
 	tlstestMapGtPyWbufs           = "gt_py_wbufs"
 	tlstestMapGtRoutes            = "gt_routes"
 	tlstestMapGtScratch           = "gt_scratch"
+	tlstestMapGtStartups          = "gt_startups"
 	tlstestMapGtStats             = "gt_stats"
 	tlstestMapGtTargetBits        = "gt_target_bits"
 	tlstestMapGtTargets           = "gt_targets"
@@ -610,6 +620,7 @@ const (
 	tlstestMapGtTlsPending        = "gt_tls_pending"
 	tlstestMapGtUprobeTails       = "gt_uprobe_tails"
 	tlstestProgGtEnterClose       = "gt_enter_close"
+	tlstestProgGtExitListen       = "gt_exit_listen"
 	tlstestProgGtExitRead         = "gt_exit_read"
 	tlstestProgGtExitReadv        = "gt_exit_readv"
 	tlstestProgGtExitRecvfrom     = "gt_exit_recvfrom"
@@ -679,6 +690,7 @@ type tlstestSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tlstestProgramSpecs struct {
 	GtEnterClose   *ebpf.ProgramSpec `ebpf:"gt_enter_close"`
+	GtExitListen   *ebpf.ProgramSpec `ebpf:"gt_exit_listen"`
 	GtExitRead     *ebpf.ProgramSpec `ebpf:"gt_exit_read"`
 	GtExitReadv    *ebpf.ProgramSpec `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom *ebpf.ProgramSpec `ebpf:"gt_exit_recvfrom"`
@@ -713,6 +725,7 @@ type tlstestMapSpecs struct {
 	GtPyWbufs     *ebpf.MapSpec `ebpf:"gt_py_wbufs"`
 	GtRoutes      *ebpf.MapSpec `ebpf:"gt_routes"`
 	GtScratch     *ebpf.MapSpec `ebpf:"gt_scratch"`
+	GtStartups    *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats       *ebpf.MapSpec `ebpf:"gt_stats"`
 	GtTargetBits  *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets     *ebpf.MapSpec `ebpf:"gt_targets"`
@@ -777,6 +790,7 @@ type tlstestMaps struct {
 	GtPyWbufs     *ebpf.Map `ebpf:"gt_py_wbufs"`
 	GtRoutes      *ebpf.Map `ebpf:"gt_routes"`
 	GtScratch     *ebpf.Map `ebpf:"gt_scratch"`
+	GtStartups    *ebpf.Map `ebpf:"gt_startups"`
 	GtStats       *ebpf.Map `ebpf:"gt_stats"`
 	GtTargetBits  *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets     *ebpf.Map `ebpf:"gt_targets"`
@@ -805,6 +819,7 @@ func (m *tlstestMaps) Close() error {
 		m.GtPyWbufs,
 		m.GtRoutes,
 		m.GtScratch,
+		m.GtStartups,
 		m.GtStats,
 		m.GtTargetBits,
 		m.GtTargets,
@@ -839,6 +854,7 @@ type tlstestVariables struct {
 // It can be passed to loadTlstestObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tlstestPrograms struct {
 	GtEnterClose   *ebpf.Program `ebpf:"gt_enter_close"`
+	GtExitListen   *ebpf.Program `ebpf:"gt_exit_listen"`
 	GtExitRead     *ebpf.Program `ebpf:"gt_exit_read"`
 	GtExitReadv    *ebpf.Program `ebpf:"gt_exit_readv"`
 	GtExitRecvfrom *ebpf.Program `ebpf:"gt_exit_recvfrom"`
@@ -856,6 +872,7 @@ type tlstestPrograms struct {
 func (p *tlstestPrograms) Close() error {
 	return _TlstestClose(
 		p.GtEnterClose,
+		p.GtExitListen,
 		p.GtExitRead,
 		p.GtExitReadv,
 		p.GtExitRecvfrom,
