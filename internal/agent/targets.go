@@ -45,6 +45,11 @@ func (t *agent) addTarget(p *discover.Process) {
 		t.gym.Seen(p) // an orchestrator's gym.servers.active
 	}
 	t.log.Info("tracing", "pid", p.PID, "service", p.ServiceName(), "type", p.ServerType())
+	if t.spans != nil {
+		// A server that answered its first health probe before discovery
+		// named it gets its startup spans now (internal/spans/startup.go).
+		t.submit(t.spans.Builder().StartupIdentified(p.PID))
+	}
 	_ = t.tls.Add(p.PID) // failures are logged by the attacher; plain HTTP is traced regardless
 }
 

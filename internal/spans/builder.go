@@ -97,11 +97,12 @@ type Stats struct {
 	Held                 uint64               // spans held until their process's role was decided
 	RoleUndecided        uint64               // server and gym.* spans named by route shape alone: the role was not decided within the hold bound
 	UnknownSide          uint64
-	OpenServer           int // inbound exchanges in flight
-	OpenClient           int // outbound exchanges in flight
-	JoinQueue            int // client requests waiting for a server on this node (or their own response)
-	OpenJobs             int // gym.job spans begun, their collector still running
-	OpenSandboxes        int // gym.sandbox.* spans begun, their CLI still running
+	StartupUnidentified  uint64 // processes that answered under a launch shell and were never named a Gym server (discovery) before it exited: no startup spans
+	OpenServer           int    // inbound exchanges in flight
+	OpenClient           int    // outbound exchanges in flight
+	JoinQueue            int    // client requests waiting for a server on this node (or their own response)
+	OpenJobs             int    // gym.job spans begun, their collector still running
+	OpenSandboxes        int    // gym.sandbox.* spans begun, their CLI still running
 }
 
 // Builder turns assembled exchanges into Gym's spans. It implements

@@ -17,7 +17,8 @@ import (
 )
 
 // Spans built from process lifecycle records (loader.ProcEvent) rather than
-// HTTP: gym.job around a collector's run, gym.sandbox.* around a provider CLI.
+// HTTP: gym.job around a collector's run, gym.sandbox.* around a provider CLI,
+// and the startup spans (startup.go).
 
 // maxLifecycle bounds each lifecycle table. The kernel's sandbox table holds
 // 4096 CLIs; an END record lost to a full ring buffer must not leak forever.
@@ -28,6 +29,7 @@ type lifecycle struct {
 	jobs      map[uint32]*job
 	execs     map[uint32]execRecord
 	sandboxes map[uint32]*sandbox
+	st        startupState // the startup group's processes (startup.go)
 }
 
 // job is a collector's gym.job span. Its id exists from the collector's
@@ -42,8 +44,9 @@ type job struct {
 // execRecord is when a process image started, for a gym.job that should start
 // at the collector's exec rather than at its first /run.
 type execRecord struct {
-	ts    uint64
-	entry bool // the exec'd file is one of Gym's collector entry points
+	ts     uint64
+	entry  bool // the exec'd file is one of Gym's collector entry points
+	python bool // a Python interpreter (startup.go: a server's exec)
 }
 
 // sandbox is a provider CLI running now, its span decided at its start.
@@ -104,7 +107,8 @@ func (b *Builder) ProcEvent(ev *loader.ProcEvent) []Span {
 		if len(b.lc.execs) >= maxLifecycle {
 			b.dropOldestExec()
 		}
-		b.lc.execs[ev.Pid] = execRecord{ts: ev.TsNs, entry: isEntryPointComm(commString(ev.Comm))}
+		comm := commString(ev.Comm)
+		b.lc.execs[ev.Pid] = execRecord{ts: ev.TsNs, entry: isEntryPointComm(comm), python: isPythonComm(comm)}
 	case loader.EvProcExit:
 		delete(b.lc.execs, ev.Pid)
 		if j := b.lc.jobs[ev.Pid]; j != nil {
@@ -116,6 +120,8 @@ func (b *Builder) ProcEvent(ev *loader.ProcEvent) []Span {
 	case loader.EvSandboxEnd:
 		b.endSandbox(ev)
 	}
+	// After the exec is recorded: a server's listen reads its exec's time.
+	b.startupEvent(ev)
 	out := b.out
 	b.out = nil
 	return out
@@ -344,4 +350,5 @@ func (b *Builder) flushLifecycle(now uint64) {
 		b.finishJob(j, now, 0, true)
 	}
 	clear(b.lc.execs)
+	b.flushStartup()
 }
