@@ -48,7 +48,8 @@ type proc struct {
 	srvDur, cliDur          [2]metric.Float64Histogram // [old, new]; nil when that convention is off
 	srvReq, srvResp         [2]metric.Int64Histogram
 	verifyOK, verifyAll     uint64
-	gi                      genaiInst // model, tool, rollout and turn instruments (genai.go)
+	gi                      genaiInst   // model, tool, rollout and turn instruments (genai.go)
+	st                      startupInst // server startup (startup.go)
 
 	series map[string]map[attribute.Distinct]struct{} // under Recorder.mu
 	// sets: the attribute set each HTTP measurement's inputs gave, so a
@@ -106,6 +107,7 @@ func newProc(r *Recorder, p discover.Process) *proc {
 		metric.WithDescription("Reward returned by /verify (read by gymtrace from the response)"),
 		metric.WithExplicitBucketBoundaries(rewardBuckets...))
 	pr.gi = newGenAIInst(m)
+	pr.st = newStartupInst(m)
 	if r.cfg.Semconv&SemconvOld != 0 {
 		pr.srvDur[0], _ = m.Float64Histogram(ServerDurationOld, metric.WithUnit("ms"),
 			metric.WithDescription("Measures the duration of inbound HTTP requests."))
@@ -209,6 +211,8 @@ const (
 	kindRollout
 	kindVerify
 	kindModel
+	kindStartupServer
+	kindStartupStage
 )
 
 func measureKind(s *spans.Span) kind {
@@ -223,6 +227,10 @@ func measureKind(s *spans.Span) kind {
 		return kindVerify
 	case strings.HasPrefix(s.Name, "gym.model."):
 		return kindModel
+	case isStartupServer(s):
+		return kindStartupServer
+	case isStartupStage(s):
+		return kindStartupStage
 	}
 	return kindNone
 }
@@ -243,6 +251,8 @@ func (r *Recorder) measure(pr *proc, s *spans.Span, k kind) {
 		r.measureRollout(pr, s)
 	case kindModel:
 		r.measureModel(pr, s)
+	case kindStartupServer, kindStartupStage:
+		r.measureStartup(pr, s, k == kindStartupStage)
 	case kindVerify:
 		pr.verify.Record(ctx, ms(d), noAttrs)
 		pr.verifyAll++
