@@ -131,6 +131,9 @@ func (b *Builder) startupEvent(ev *loader.ProcEvent) {
 		b.startupReady(ev)
 	case loader.EvProcExit:
 		b.startupExit(ev.Pid)
+		// Its children, if any live on, were handed to another parent; a
+		// launch's chain runs through processes that wait for theirs.
+		delete(st.forks, ev.Pid)
 	}
 }
 

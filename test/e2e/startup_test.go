@@ -93,6 +93,7 @@ s.bind(("127.0.0.1", int(os.environ["STARTUP_PORT"])))
 mark("pre_listen", name=name)
 s.listen(16)
 mark("post_listen", name=name)
+time.sleep(0.3)  # the listen and the first answer, apart (the probe waits in the backlog)
 while True:
     c, _ = s.accept()
     c.recv(65536)
@@ -113,7 +114,8 @@ if __name__ == "__main__":
 `
 
 // uvapp.py: the workers' ASGI app, without FastAPI.
-const startupUvApp = startupMark + `name = os.environ["NEMO_GYM_CONFIG_PATH"]
+const startupUvApp = startupMark + `import asyncio
+name = os.environ["NEMO_GYM_CONFIG_PATH"]
 mark("worker_import", name=name)
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -124,6 +126,8 @@ async def app(scope, receive, send):
             elif m["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    mark("handler", name=name)
+    await asyncio.sleep(0.3)  # the worker's listen and its first answer, apart
     mark("respond", name=name)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -364,6 +368,8 @@ func TestStartupSpans(t *testing.T) {
 			for _, im := range imports {
 				listenLo = min(listenLo, im.Mono)
 			}
+			// A worker reads a request only after it listens.
+			listenHi = one("handler/" + name).Mono
 			checkStartupWorkers(t, s, ps, imports, one("server_main/"+name).Mono, within, mono)
 		} else {
 			listenLo, listenHi = one("pre_listen/"+name).Mono, one("post_listen/"+name).Mono
