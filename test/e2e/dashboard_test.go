@@ -243,6 +243,12 @@ func TestDashboard(t *testing.T) {
 				t.Skip("SKIPPED, not checked: gymtrace makes no gym.server.startup.* metric yet (issue 41's startup half); " +
 					"this check runs, and must then find a startup, once internal/ makes gym.server.startup.stage_duration_ms")
 			}
+			if strings.Contains(tg.Expr, "gym_server_startup") {
+				// This run's stack starts before gymtrace, which traces it by
+				// --pid: no start is seen, so none is measured (docs/startup.md).
+				t.Skip("checked in TestStartupSpans/dashboard: these queries against Debian's Prometheus scraping a gymtrace " +
+					"that saw a Gym-shaped launch start, each series equal to gymtrace's mean")
+			}
 			expr := grafanaVars(t, tg.Expr, 2*time.Minute, rng)
 			got, err := prom.query(expr, at)
 			if err != nil {

@@ -233,6 +233,7 @@ func TestStartupSpans(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	metrics := g.metrics(t)
+	t.Run("dashboard", func(t *testing.T) { checkStartupPanel(t, g, metrics) })
 	g.shutdown(t)
 
 	marks := startupMarks(t, orch.Stdout.String())
@@ -461,23 +462,7 @@ func checkStartupWorkers(t *testing.T, s *spanSet, ps Span, imports []startupMar
 // spans' durations.
 func checkStartupMetrics(t *testing.T, m map[string]float64, name, typ string, server, venv, itl Span) {
 	t.Helper()
-	find := func(family string, labels ...string) (count, sum float64, found bool) {
-		for k, v := range m {
-			if !strings.HasPrefix(k, family+"_count{") && !strings.HasPrefix(k, family+"_sum{") {
-				continue
-			}
-			if slices.ContainsFunc(labels, func(l string) bool { return !strings.Contains(k, l) }) {
-				continue
-			}
-			found = true
-			if strings.HasPrefix(k, family+"_count{") {
-				count += v
-			} else {
-				sum += v
-			}
-		}
-		return count, sum, found
-	}
+	find := func(family string, labels ...string) (float64, float64, bool) { return histFind(m, family, labels...) }
 	nl := `nemo_gym_server_name="` + name + `"`
 	near := func(a, b float64) bool { return math.Abs(a-b) < 0.01 }
 	if c, sum, ok := find("gym_server_startup_duration_ms_milliseconds", nl, `nemo_gym_server_type="`+typ+`"`); !ok || c != 1 || !near(sum, startupMs(server.Duration())) {
@@ -488,5 +473,72 @@ func checkStartupMetrics(t *testing.T, m map[string]float64, name, typ string, s
 		if !ok || c != 1 || !near(sum, startupMs(sp.Duration())) {
 			t.Errorf("%s: gym.server.startup.stage_duration_ms{%s} count %v sum %v (found %v), want 1 of %.3f ms", name, stage, c, sum, ok, startupMs(sp.Duration()))
 		}
+	}
+}
+
+// histFind sums the count and sum series of histogram family (its Prometheus
+// name) whose labels include every one of labels (`key="value"`).
+func histFind(m map[string]float64, family string, labels ...string) (count, sum float64, found bool) {
+	for k, v := range m {
+		if !strings.HasPrefix(k, family+"_count{") && !strings.HasPrefix(k, family+"_sum{") {
+			continue
+		}
+		if slices.ContainsFunc(labels, func(l string) bool { return !strings.Contains(k, l) }) {
+			continue
+		}
+		found = true
+		if strings.HasPrefix(k, family+"_count{") {
+			count += v
+		} else {
+			sum += v
+		}
+	}
+	return count, sum, found
+}
+
+// checkStartupPanel evaluates the dashboard's "Server startup by stage"
+// queries (deploy/grafana) against Debian's Prometheus scraping this
+// gymtrace: a series per server (and stage) of this launch, each the mean
+// gymtrace's own /metrics gives. TestDashboard's stack starts before its
+// gymtrace, so this is where those queries meet a start gymtrace saw.
+func checkStartupPanel(t *testing.T, g *gymtrace, m map[string]float64) {
+	bin := needPrometheus(t)
+	var targets []dashTarget
+	for _, tg := range dashboardTargets(t) {
+		if strings.Contains(tg.Expr, "gym_server_startup") {
+			targets = append(targets, tg)
+		}
+	}
+	if len(targets) == 0 {
+		t.Fatal("the dashboard has no query of gym.server.startup.*")
+	}
+	prom := startPrometheus(t, bin, g.metricsAddr)
+	mine := func(s promSample) bool {
+		return slices.ContainsFunc(startupServers, func(d startupServerDef) bool { return d.Name == s.Labels["nemo_gym_server_name"] })
+	}
+	for _, tg := range targets {
+		expr := grafanaVars(t, tg.Expr, 2*time.Minute, 10*time.Minute)
+		var got []promSample
+		waitFor(t, 60*time.Second, "prometheus to scrape every server's startup for "+tg.Panel+"/"+tg.RefID, func() bool {
+			s, err := prom.query(expr, time.Now())
+			if err != nil {
+				t.Fatalf("%s: %v", expr, err)
+			}
+			got = slices.DeleteFunc(s, func(s promSample) bool { return !mine(s) })
+			return len(got) >= len(startupServers)
+		})
+		for _, s := range got {
+			labels := []string{`nemo_gym_server_name="` + s.Labels["nemo_gym_server_name"] + `"`}
+			family := "gym_server_startup_duration_ms_milliseconds"
+			if st, ok := s.Labels["nemo_gym_startup_stage"]; ok {
+				labels = append(labels, `nemo_gym_startup_stage="`+st+`"`)
+				family = "gym_server_startup_stage_duration_ms_milliseconds"
+			}
+			c, sum, ok := histFind(m, family, labels...)
+			if !ok || c == 0 || math.Abs(s.Value-sum/c) > 1e-6*math.Max(1, sum/c) {
+				t.Errorf("%s: %v = %v, want gymtrace's mean %v (count %v)", tg.Panel+"/"+tg.RefID, s.Labels, s.Value, sum/c, c)
+			}
+		}
+		t.Logf("%s/%s: %d series of this launch", tg.Panel, tg.RefID, len(got))
 	}
 }
