@@ -59,7 +59,7 @@ static __always_inline void gt_headers_done(struct gt_conn *c, struct gt_dir *d,
 //
 // gt_headers_prep: the carried line, the first read's size, and whether
 // the bytes are in the scratch already. 0 to go on, -1 to stop (return -1).
-__noinline int gt_headers_prep(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+GT_GLOBAL int gt_headers_prep(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	if (!c || !io)
 		return -1;
@@ -107,12 +107,16 @@ __noinline int gt_headers_prep(struct gt_conn *c, struct gt_io *io, __u64 ubuf, 
 	}
 	return 0;
 }
+GT_K510_CI(gt_headers_prep, (__u64 ubuf, __u32 avail), -1, c, io, ubuf, avail)
+#ifdef GT_K510
+#define gt_headers_prep(c, io, ...) gt_headers_prep_k510(__VA_ARGS__)
+#endif
 
 // gt_headers_read: attempt 0 reads the first GT_HDR_FIRST bytes (or takes
 // them from the scratch), attempt 1 the rest of the window when the block
 // did not end in them. 1: scan sc->buf[0, sc->hr.n); 0: no scan (the block
 // ended, or nothing more to read); -1: stop (return -1).
-__noinline int gt_headers_read(struct gt_conn *c, struct gt_io *io, __u64 ubuf, int attempt)
+GT_GLOBAL int gt_headers_read(struct gt_conn *c, struct gt_io *io, __u64 ubuf, int attempt)
 {
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!c || !io || !sc)
@@ -138,10 +142,14 @@ __noinline int gt_headers_read(struct gt_conn *c, struct gt_io *io, __u64 ubuf, 
 	gt_scan_begin(sc, io->hdr_first ? 1 : (carry ? 0 : d->mid_line));
 	return 1;
 }
+GT_K510_CI(gt_headers_read, (__u64 ubuf, int attempt), -1, c, io, ubuf, attempt)
+#ifdef GT_K510
+#define gt_headers_read(c, io, ...) gt_headers_read_k510(__VA_ARGS__)
+#endif
 
 // gt_headers_finish: what the scan found, into the connection; the body's
 // framing once the block ended. Returns what gt_headers returns.
-__noinline int gt_headers_finish(struct gt_conn *c, struct gt_io *io, __u32 avail)
+GT_GLOBAL int gt_headers_finish(struct gt_conn *c, struct gt_io *io, __u32 avail)
 {
 	if (!c || !io)
 		return -1;
@@ -222,10 +230,14 @@ __noinline int gt_headers_finish(struct gt_conn *c, struct gt_io *io, __u32 avai
 	d->phase = GT_PH_HEADERS;
 	return -1;
 }
+GT_K510_CI(gt_headers_finish, (__u32 avail), -1, c, io, avail)
+#ifdef GT_K510
+#define gt_headers_finish(c, io, ...) gt_headers_finish_k510(__VA_ARGS__)
+#endif
 
 // Global (non-static) functions are verified once, on their own, instead of
 // once per call site and caller state: that keeps verification linear.
-__noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+GT_GLOBAL int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	if (!c || !io)
 		return -1;
@@ -252,3 +264,7 @@ __noinline int gt_headers(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	gt_prof_end(GT_PROF_HEADERS, t0);
 	return r;
 }
+GT_K510_CI(gt_headers, (__u64 ubuf, __u32 avail), -1, c, io, ubuf, avail)
+#ifdef GT_K510
+#define gt_headers(c, io, ...) gt_headers_k510(__VA_ARGS__)
+#endif

@@ -254,10 +254,79 @@ GT_LOOP_FN gt_hdr_line(int li, struct gt_hdr_ctx *cx)
 	return 0;
 }
 
+#ifdef GT_K510
+// 5.10 (no bpf_loop): the two passes as plain loops whose steps are global
+// functions of the index alone, each verified once. A static step was
+// verified again at every step, in every state, past the 1M-instruction
+// limit at 64 steps. What the steps share with the scan (n, is_req) waits
+// in gt_k510_hdr; the scratch is the CPU's.
+struct gt_k510_hdr {
+	__u32 n;
+	int is_req;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_k510_hdr);
+} gt_k510_hdr SEC(".maps");
+
+static __always_inline int gt_k510_hdr_cx(struct gt_hdr_ctx *cx)
+{
+	__u32 zero = 0;
+	struct gt_k510_hdr *h = bpf_map_lookup_elem(&gt_k510_hdr, &zero);
+	cx->sc = gt_get_scratch();
+	if (!h || !cx->sc)
+		return -1;
+	cx->n = h->n;
+	cx->is_req = h->is_req;
+	return 0;
+}
+
+__noinline int gt_k510_nl_word(int w)
+{
+	struct gt_hdr_ctx cx;
+	if (gt_k510_hdr_cx(&cx))
+		return 1;
+	return gt_nl_word(w, &cx);
+}
+
+__noinline int gt_k510_hdr_line(int li)
+{
+	struct gt_hdr_ctx cx;
+	if (gt_k510_hdr_cx(&cx))
+		return 1;
+	return gt_hdr_line(li, &cx);
+}
+
+// Both passes, whole: GT_SCRATCH / 8 words, then up to GT_MAX_LINES lines.
+static __always_inline void gt_k510_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
+{
+	__u32 zero = 0;
+	struct gt_k510_hdr *h = bpf_map_lookup_elem(&gt_k510_hdr, &zero);
+	if (!h)
+		return;
+	h->n = n;
+	h->is_req = is_req;
+	int w, words = (n + 7) / 8;
+	for (w = 0; w < words && w < GT_SCRATCH / 8; w++)
+		if (gt_k510_nl_word(w))
+			break;
+	sc = gt_get_scratch();
+	if (!sc)
+		return;
+	int li, lines = sc->scan.nl_count;
+	for (li = 0; li < lines && li < GT_MAX_LINES; li++)
+		if (gt_k510_hdr_line(li))
+			break;
+}
+#endif
+
 // Scans sc->buf[0, n) for header lines until the blank line. sc->scan must be
 // set up by the caller (skip = the buffer starts inside a line that is not a
 // header). Sets sc->scan.end to the offset just past the header block, or -1.
-__noinline int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
+GT_GLOBAL int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
 {
 	if (!sc)
 		return 0;
@@ -273,6 +342,10 @@ __noinline int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
 	// Pass 1, eight bytes at a time: where are the newlines? A word without
 	// one costs a load and three ALU ops; the block ends at the first empty
 	// line, so the scan stops there.
+#ifdef GT_K510
+	gt_k510_scan_headers(sc, n, is_req);
+	return 0;
+#endif
 	struct gt_hdr_ctx cx = {.sc = sc, .n = n, .is_req = is_req};
 	gt_loop((int)((n + 7) / 8), gt_nl_word, &cx);
 
@@ -280,6 +353,10 @@ __noinline int gt_scan_headers(struct gt_scratch *sc, __u32 n, int is_req)
 	gt_loop((int)sc->scan.nl_count, gt_hdr_line, &cx);
 	return 0;
 }
+GT_K510_S(gt_scan_headers, (__u32 n, int is_req), 0, sc, n, is_req)
+#ifdef GT_K510
+#define gt_scan_headers(sc, ...) gt_scan_headers_k510(__VA_ARGS__)
+#endif
 
 // Copies the request target up to a space, '?' (the query never leaves the
 // kernel) or the end of the line into ev->path; sets ev->path_len.
@@ -467,8 +544,11 @@ GT_LOOP_FN gt_rollout_at(int i, struct gt_rollout_ctx *cx)
 // Scans one body buffer of a /run request for Gym's rollout keys
 // ("_ng_task_index", "_ng_rollout_index", "_ng_attempt_index",
 // "_ng_rollout_id") and keeps only their values. No other body byte is kept.
-__noinline int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
+GT_GLOBAL int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 {
+#ifdef GT_K510
+	return 0; // a byte-by-byte walk of the body needs bpf_loop (common/k510.h)
+#endif
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc || !ev)
 		return 0;

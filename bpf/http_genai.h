@@ -189,6 +189,9 @@ GT_LOOP_FN gt_ga_window(int w, struct gt_ga_walk *cx)
 // the scratch at a time.
 __noinline int gt_scan_genai(__u64 conn_id, __u32 dir, __u64 ubuf, __u32 len)
 {
+#ifdef GT_K510
+	return 0; // a byte-by-byte walk of the body needs bpf_loop (common/k510.h)
+#endif
 	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &conn_id);
 	if (!g)
 		return 0;
@@ -226,7 +229,7 @@ __noinline int gt_genai_cut(__u64 conn_id, __u8 dir)
 // A model request (index seq) starts on server connection c: its walk and
 // values begin. The route the gate just looked up (the scratch's route key:
 // "/v1/" then chat/completions, responses or messages) names the dialect.
-__noinline int gt_genai_begin(struct gt_conn *c, __u64 seq)
+GT_GLOBAL int gt_genai_begin(struct gt_conn *c, __u64 seq)
 {
 	__u32 zero = 0;
 	struct gt_scratch *sc = gt_get_scratch();
@@ -274,7 +277,7 @@ static __always_inline void gt_ga_count(struct gt_genai *g, __u32 f)
 
 // The request's body ended (dir 0) or the response's (dir 1): settle its
 // fields, and with the response emit the record.
-__noinline int gt_genai_end(struct gt_conn *c, struct gt_io *io, __u32 dir)
+GT_GLOBAL int gt_genai_end(struct gt_conn *c, struct gt_io *io, __u32 dir)
 {
 	if (!c || !io)
 		return 0;

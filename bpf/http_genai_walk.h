@@ -99,7 +99,7 @@ static __always_inline void gt_ga_int_end(struct gt_genai *g, struct gt_jscan *j
 
 // A structural byte (not whitespace, outside strings) of the JSON walk.
 // Returns 1 when the walk's JSON value closed with it.
-__noinline int gt_ga_struct(struct gt_genai *g, __u32 dir, __u8 c)
+GT_GLOBAL int gt_ga_struct(struct gt_genai *g, __u32 dir, __u8 c)
 {
 	if (!g)
 		return 0;
@@ -187,7 +187,7 @@ __noinline int gt_ga_struct(struct gt_genai *g, __u32 dir, __u8 c)
 
 // A string opens ('"' outside strings): a key whose text is kept, a model
 // value, or any other string.
-__noinline int gt_ga_str_open(struct gt_genai *g, __u32 dir)
+GT_GLOBAL int gt_ga_str_open(struct gt_genai *g, __u32 dir)
 {
 	if (!g)
 		return 0;
@@ -263,7 +263,7 @@ static __always_inline int gt_ga_str_close(struct gt_genai *g, struct gt_jscan *
 // A byte inside a string that may matter: a quote, a backslash, the byte
 // after one, or a byte of a key or model name being read. Global: verified
 // once, not in every state of the walk.
-__noinline int gt_ga_str(struct gt_genai *g, __u32 dir, __u8 c)
+GT_GLOBAL int gt_ga_str(struct gt_genai *g, __u32 dir, __u8 c)
 {
 	if (!g)
 		return 0;

@@ -99,7 +99,7 @@ static __always_inline int gt_reward_number(struct gt_scratch *sc, __u32 at, __u
 // the live one's level is a duplicate; one deeper is nested in the live
 // one's value and can never be top level while the live one could be.
 // Global, so it is verified once and not at every byte of the walk.
-__noinline int gt_reward_candidate(struct gt_scratch *sc, __u32 i, __u32 n)
+GT_GLOBAL int gt_reward_candidate(struct gt_scratch *sc, __u32 i, __u32 n)
 {
 	if (!sc)
 		return 0;
@@ -216,6 +216,9 @@ GT_LOOP_FN gt_reward_step(int k, struct gt_reward_ctx *cx)
 // Found: exactly one such candidate, its value a JSON number.
 __noinline int gt_scan_reward(__u64 ubuf, __u32 len)
 {
+#ifdef GT_K510
+	return 0; // a byte-by-byte walk of the body needs bpf_loop (common/k510.h)
+#endif
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc)
 		return 0;

@@ -10,7 +10,7 @@
 // direction was idle at sys_enter, so the first request start the parser
 // meets in that syscall is the one the header went into; the record is then
 // spent, and a pipelined request after it in the same buffer gets nothing.
-__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
+GT_GLOBAL int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)
 		return 0;
@@ -59,7 +59,7 @@ __noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io)
 // The bytes the sk_msg program inserted into the write that io is the
 // sys_exit of (0 when none): the stream moved that many more than the syscall
 // returned (gt_pos_check).
-__noinline int gt_inject_pushed(struct gt_io *io)
+GT_GLOBAL int gt_inject_pushed(struct gt_io *io)
 {
 	if (!io || !gt_inject_wanted())
 		return 0;
@@ -91,7 +91,7 @@ static __always_inline int gt_unhex(__u8 c)
 // it. Only a well-formed version-00 value is used (userspace ignores others
 // and would choose another trace), and only while the server group is on
 // (with it off, Gym does not read the header either).
-__noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io)
+GT_GLOBAL int gt_inject_inbound(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io || c->side != GT_SIDE_SERVER || !(io->mask & GT_GROUP_SERVER))
 		return 0;
@@ -155,7 +155,7 @@ struct {
 
 // op: GT_PAIR_ADD (c is a client connection), GT_PAIR_DEL (it closes),
 // GT_PAIR_LOOKUP (c is a server connection: is its client a target's?).
-__noinline int gt_inject_pair(struct gt_conn *c, int op)
+GT_GLOBAL int gt_inject_pair(struct gt_conn *c, int op)
 {
 	if (!c)
 		return 0;
@@ -188,7 +188,7 @@ __noinline int gt_inject_pair(struct gt_conn *c, int op)
 // otherwise (a same-node caller it joins by connection), its own publication
 // replaces this one. The sampled bit follows the rule userspace's sampler
 // applies to a new trace (root_bound, see struct gt_inject_config).
-__noinline int gt_inject_root(struct gt_conn *c)
+GT_GLOBAL int gt_inject_root(struct gt_conn *c)
 {
 	if (!c)
 		return 0;

@@ -62,12 +62,40 @@ static __always_inline __u64 gt_io_id(const struct gt_io *io)
 	return (__u64)io->tgid << 32 | io->tid;
 }
 
+#ifdef GT_K510
+// The kernel stack of a task, for task_pt_regs: THREAD_SIZE is 16 KiB on
+// x86-64 and arm64 (without KASAN, as Debian builds them).
+#define GT_K510_THREAD_SIZE 16384
+struct task_struct___gtk {
+	void *stack;
+} __attribute__((preserve_access_index));
+#endif
+
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
 {
+#ifdef GT_K510
+	// 5.10 has neither bpf_get_current_task_btf (5.11) nor bpf_task_pt_regs
+	// (5.15): the registers lie at the top of the task's kernel stack
+	// (x86-64's and arm64's task_pt_regs), read with a helper call each.
+	struct task_struct___gtk *t = (void *)bpf_get_current_task();
+	void *stack = BPF_CORE_READ(t, stack);
+	struct pt_regs *regs = (struct pt_regs *)(stack + GT_K510_THREAD_SIZE - bpf_core_type_size(struct pt_regs));
+#if defined(__TARGET_ARCH_x86)
+	bpf_probe_read_kernel(a0, sizeof(*a0), &regs->di);
+	bpf_probe_read_kernel(a1, sizeof(*a1), &regs->si);
+	bpf_probe_read_kernel(a2, sizeof(*a2), &regs->dx);
+#elif defined(__TARGET_ARCH_arm64)
+	bpf_probe_read_kernel(a0, sizeof(*a0), &regs->orig_x0);
+	bpf_probe_read_kernel(a1, sizeof(*a1), &regs->regs[1]);
+	bpf_probe_read_kernel(a2, sizeof(*a2), &regs->regs[2]);
+#endif
+	return;
+#else
 	// A trusted BTF pointer: plain (CO-RE relocated) loads, no helper call
 	// per register (three bpf_probe_read_kernel calls before, on every
 	// traced syscall).
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+#endif
 #if defined(__TARGET_ARCH_x86)
 	*a0 = regs->di;
 	*a1 = regs->si;

@@ -182,7 +182,7 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 
 // Follows chunked framing from off. Returns the new offset, or -1 when
 // framing was lost.
-__noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
+GT_GLOBAL int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
 {
 	if (!c || !io)
 		return -1;
@@ -289,13 +289,17 @@ __noinline int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 	}
 	return sc->loops.chunk_off;
 }
+GT_K510_CI(gt_chunks, (__u64 ubuf, __u32 off, __u32 len), -1, c, io, ubuf, off, len)
+#ifdef GT_K510
+#define gt_chunks(c, io, ...) gt_chunks_k510(__VA_ARGS__)
+#endif
 
 // Reads the first bytes of a buffer that should start a message into
 // sc->peek, after any bytes kept from the previous syscall of the same
 // direction. Returns their count, or 0 when the buffer was too short to tell
 // and was kept (Go's net/http server reads a single byte ahead after each
 // request, so a request's first byte can arrive alone).
-__noinline int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
+GT_GLOBAL int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 avail)
 {
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc || !c || !io)
@@ -354,11 +358,15 @@ __noinline int gt_peek_start(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __
 	c->partial_dir = io->dir;
 	return 0;
 }
+GT_K510_CI(gt_peek_start, (__u64 ubuf, __u32 avail), -1, c, io, ubuf, avail)
+#ifdef GT_K510
+#define gt_peek_start(c, io, ...) gt_peek_start_k510(__VA_ARGS__)
+#endif
 
 // One step of the state machine at offset off of a user buffer: consumes a
 // message start, a header block, or body bytes. Returns bytes consumed, or -1
 // when the rest of the buffer is to be ignored.
-__noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
+GT_GLOBAL int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 off, __u32 len)
 {
 	if (!c || !io || off >= len)
 		return -1;
@@ -480,10 +488,14 @@ __noinline int gt_step(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 of
 	}
 	return -1;
 }
+GT_K510_CI(gt_step, (__u64 ubuf, __u32 off, __u32 len), -1, c, io, ubuf, off, len)
+#ifdef GT_K510
+#define gt_step(c, io, ...) gt_step_k510(__VA_ARGS__)
+#endif
 
 // Runs the state machine over one contiguous user buffer; a buffer may hold
 // the end of one message and the start of the next (pipelining, keep-alive).
-__noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 len)
+GT_GLOBAL int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 len)
 {
 	if (!c || !io)
 		return 0;
@@ -535,12 +547,16 @@ __noinline int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32
 	}
 	return 0;
 }
+GT_K510_CI(gt_process, (__u64 ubuf, __u32 len), 0, c, io, ubuf, len)
+#ifdef GT_K510
+#define gt_process(c, io, ...) gt_process_k510(__VA_ARGS__)
+#endif
 
 // Bytes a vectored syscall moved beyond the iovec segments the programs walk
 // (GT_MAX_IOV_SEGS): a Content-Length body's bytes are counted without being
 // read (large bodies written from many buffers); anything else there may
 // hold a message start the parser cannot see, so framing is lost there.
-__noinline int gt_iov_rest(struct gt_conn *c, struct gt_io *io, __u64 left)
+GT_GLOBAL int gt_iov_rest(struct gt_conn *c, struct gt_io *io, __u64 left)
 {
 	if (!c || !io)
 		return 0;
@@ -568,3 +584,7 @@ __noinline int gt_iov_rest(struct gt_conn *c, struct gt_io *io, __u64 left)
 	gt_framing_lost(c, d);
 	return 0;
 }
+GT_K510_CI(gt_iov_rest, (__u64 left), 0, c, io, left)
+#ifdef GT_K510
+#define gt_iov_rest(c, io, ...) gt_iov_rest_k510(__VA_ARGS__)
+#endif

@@ -55,7 +55,7 @@ static __always_inline int gt_py_note_ctx(struct gt_conn *c, struct gt_io *io, i
 // response: remember its context for the next request. Client request: name
 // the inbound request whose handler makes the call. One map lookup and out
 // for processes that are not Python.
-__noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
+GT_GLOBAL int gt_py_note(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io)
 		return 0;
@@ -77,3 +77,7 @@ __noinline int gt_py_note(struct gt_conn *c, struct gt_io *io)
 	gt_prof_end(GT_PROF_PY_NOTE, t0);
 	return 0;
 }
+GT_K510_CI(gt_py_note, (void), 0, c, io)
+#ifdef GT_K510
+#define gt_py_note(c, io) gt_py_note_k510()
+#endif

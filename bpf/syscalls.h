@@ -17,23 +17,27 @@
 
 #include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
 
+// gt_inject_pair's operations (bpf/inject_exit.h).
+#define GT_PAIR_ADD 0
+#define GT_PAIR_DEL 1
+#define GT_PAIR_LOOKUP 2
+
 #ifdef GT_INJECT
 // traceparent injection (bpf/inject.h, included after this file): told about
 // every message start the parser accepts (from gt_py_note, which every start
 // calls; a call in gt_start_request itself would grow gt_step's verification
 // past the limit).
-__noinline int gt_inject_note(struct gt_conn *c, struct gt_io *io);
-__noinline int gt_inject_inbound(struct gt_conn *c, struct gt_io *io);
-__noinline int gt_inject_root(struct gt_conn *c);
-#define GT_PAIR_ADD 0
-#define GT_PAIR_DEL 1
-#define GT_PAIR_LOOKUP 2
-__noinline int gt_inject_pair(struct gt_conn *c, int op);
-__noinline int gt_inject_pushed(struct gt_io *io);
+GT_GLOBAL int gt_inject_note(struct gt_conn *c, struct gt_io *io);
+GT_GLOBAL int gt_inject_inbound(struct gt_conn *c, struct gt_io *io);
+GT_GLOBAL int gt_inject_root(struct gt_conn *c);
+GT_GLOBAL int gt_inject_pair(struct gt_conn *c, int op);
+GT_GLOBAL int gt_inject_pushed(struct gt_io *io);
 static __always_inline int gt_inject_proc(__u32 tgid);
 #endif
 
 // The state machine, by part; each needs what is above it.
+#include "io_scratch.h" // struct gt_io in per-CPU map memory (gt_ios)
+#include "k510_wrap.h" // the 5.10 build: scalar-argument global functions
 #include "emit.h"    // records to the ring buffer
 #include "headers.h" // the header block
 #include "py_note.h" // asyncio context at message starts
@@ -58,7 +62,7 @@ static __always_inline void gt_conn_check_gen(struct gt_conn *c, __u32 gen)
 // into gt_conns. Returns 0 when the entry is there. A function of its own
 // so that its frame is not on the stack under the parser's deep chain (the
 // programs' combined stack is bounded at 512 bytes).
-__noinline int gt_conn_new(struct gt_io *io, long ret)
+GT_GLOBAL int gt_conn_new(struct gt_io *io, long ret)
 {
 	if (!io)
 		return -1;
@@ -86,6 +90,10 @@ __noinline int gt_conn_new(struct gt_io *io, long ret)
 	}
 	return 0;
 }
+GT_K510_I(gt_conn_new, (long ret), 1, io, ret)
+#ifdef GT_K510
+#define gt_conn_new(io, ...) gt_conn_new_k510(__VA_ARGS__)
+#endif
 
 static __always_inline int gt_in_flight(struct gt_conn *c)
 {
@@ -99,7 +107,7 @@ static __always_inline int gt_in_flight(struct gt_conn *c)
 // given to a new socket. Left alone, the new connection would carry the old
 // one's request counts, id and tuple, and be paired as the old one. Ended
 // here as gt_enter_close ends it; the caller follows the new one afresh.
-__noinline int gt_conn_stale(struct gt_io *io, struct gt_conn *c)
+GT_GLOBAL int gt_conn_stale(struct gt_io *io, struct gt_conn *c)
 {
 	if (!io || !c || !c->sk)
 		return 0;
@@ -116,6 +124,10 @@ __noinline int gt_conn_stale(struct gt_io *io, struct gt_conn *c)
 	bpf_map_delete_elem(&gt_conns, &key);
 	return 1;
 }
+GT_K510_CI(gt_conn_stale, (void), 0, io, c)
+#ifdef GT_K510
+#define gt_conn_stale(io, c) gt_conn_stale_k510()
+#endif
 
 static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create, long ret)
 {
@@ -131,30 +143,9 @@ static __always_inline struct gt_conn *gt_conn_get(struct gt_io *io, int create,
 }
 
 
-// The syscall programs' struct gt_io, in per-CPU map memory: on their stack,
-// the deepest chain below them (gt_process, gt_step, gt_headers,
-// gt_scan_headers) passed the 512 bytes the verifier allows a program's
-// combined stack on kernels without BPF private stacks. Programs on one CPU
-// do not nest (the kernel runs one tracing program at a time per CPU), and
-// each run fills it before use.
-// The vectored syscalls' iovec walk keeps its state there too.
-struct gt_io_scratch {
-	struct gt_io io;
-	struct gt_iovec v;  // the segment being parsed
-	__u64 iov, cnt;     // the syscall's iovec array
-	__u64 ret;          // the bytes the syscall moved
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct gt_io_scratch);
-} gt_ios SEC(".maps");
-
 // A data syscall that moved nothing: the peer closed (a read of 0), or an
 // error. Off the deep chain's stack, like gt_conn_new.
-__noinline int gt_on_io_end(struct gt_io *io, long ret)
+GT_GLOBAL int gt_on_io_end(struct gt_io *io, long ret)
 {
 	if (!io)
 		return 0;
@@ -178,6 +169,10 @@ __noinline int gt_on_io_end(struct gt_io *io, long ret)
 	}
 	return 0;
 }
+GT_K510_I(gt_on_io_end, (long ret), 0, io, ret)
+#ifdef GT_K510
+#define gt_on_io_end(io, ...) gt_on_io_end_k510(__VA_ARGS__)
+#endif
 
 // Whether the parser saw every byte of the connection since the last syscall
 // it followed on it: for each direction, the TCP stream position where the
@@ -251,7 +246,7 @@ static __always_inline void gt_pos_dir(struct gt_conn *c, struct gt_io *io, int 
 	}
 }
 
-__noinline int gt_pos_check(struct gt_conn *c, struct gt_io *io)
+GT_GLOBAL int gt_pos_check(struct gt_conn *c, struct gt_io *io)
 {
 	if (!c || !io || !c->sk || c->tls)
 		return 0;
@@ -259,6 +254,10 @@ __noinline int gt_pos_check(struct gt_conn *c, struct gt_io *io)
 	gt_pos_dir(c, io, 1);
 	return 0;
 }
+GT_K510_CI(gt_pos_check, (void), 0, c, io)
+#ifdef GT_K510
+#define gt_pos_check(c, io) gt_pos_check_k510()
+#endif
 
 static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kind)
 {

@@ -82,7 +82,7 @@ static __always_inline __u64 gt_tls_first_byte_at(int kind, __u64 a1)
 // Returns 1 when the socket was linked to an SSL*: c is now GT_CONN_IGNORE
 // and the caller stops.
 // A function of its own, off the stack of the parser's deep chain.
-__noinline int gt_tls_link_write(struct gt_io *io, struct gt_conn *c, int kind, __u64 a1)
+GT_GLOBAL int gt_tls_link_write(struct gt_io *io, struct gt_conn *c, int kind, __u64 a1)
 {
 	if (!io || !c)
 		return 0;

@@ -48,4 +48,17 @@ extern void bpf_iter_num_destroy(struct bpf_iter_num *it) __weak __ksym;
 // not rely on i being below n: the verifier does not know that of a
 // callback's index.
 #define GT_LOOP_FN static __noinline long
+#ifdef GT_K510
+// 5.10 has no bpf_loop: a plain loop of at most GT_K510_LOOP_MAX steps
+// (common/k510.h), each a call the verifier follows.
+#define gt_loop(n, fn, ctx)                                                   \
+	({                                                                    \
+		int ___n = (n), ___i;                                         \
+		for (___i = 0; ___i < ___n && ___i < GT_K510_LOOP_MAX; ___i++) \
+			if (fn(___i, (ctx)))                                  \
+				break;                                        \
+		0;                                                            \
+	})
+#else
 #define gt_loop(n, fn, ctx) bpf_loop((n), (fn), (ctx), 0)
+#endif

@@ -5,6 +5,7 @@
 
 #include <linux/types.h>
 #include <linux/bpf.h>
+#include "k510.h" // GT_GLOBAL: the 5.10 build's static functions
 
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/loader"
 	"github.com/gymtrace/gymtrace/internal/probesite"
 	"github.com/gymtrace/gymtrace/internal/python"
 	"github.com/gymtrace/gymtrace/internal/spans"
@@ -62,13 +63,22 @@ func wantProbes(m groups.Mask) bool {
 // pySafe: this kernel keeps the link probes whole (loader.Preemption): where
 // it preempts them and cannot be told not to, a probe could build a link from
 // another run's scratch, a wrong parent; without them calls stay unattributed.
+// The kernel may also lack what the probes need (loader.FeatureAsyncioParents:
+// attach cookies, 5.15+): then they are never attached.
 func pySafe(t *agent) bool {
-	return t == nil || t.kern == nil || t.kern.Preemption().PythonUnsafe() == ""
+	return t == nil || t.kern == nil || pyOff(t) == ""
+}
+
+func pyOff(t *agent) string {
+	if why := t.kern.FeatureOff(loader.FeatureAsyncioParents); why != "" {
+		return why + ": client calls get a parent only where userspace proves it (one request in flight), else none"
+	}
+	return t.kern.Preemption().PythonUnsafe()
 }
 
 func newPyTargets(t *agent, m groups.Mask) *pyTargets {
 	if !pySafe(t) && t.log != nil {
-		t.log.Warn("asyncio parents are off on this kernel", "why", t.kern.Preemption().PythonUnsafe())
+		t.log.Warn("asyncio parents are off on this kernel", "why", pyOff(t))
 	}
 	return &pyTargets{t: t, interp: map[int]*python.Interpreter{}, probes: map[int]io.Closer{},
 		uvProbes: map[int]io.Closer{}, uvWatch: map[int]bool{}, watching: map[int]*pureWatch{},

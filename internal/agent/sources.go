@@ -87,6 +87,13 @@ func (t *agent) metricSources() metrics.Sources {
 		},
 		TargetsAttached: t.targetCount,
 		Injection:       t.injState.get,
+		FeaturesOff: func() map[string]string {
+			out := map[string]string{}
+			for _, u := range t.kern.Off() {
+				out[u.Feature] = u.Needs
+			}
+			return out
+		},
 	}
 }
 

@@ -20,7 +20,7 @@ func newTLSAttacher(kern *loader.Tracer, m groups.Mask, log *slog.Logger) (*gttl
 	if err != nil {
 		return nil, err
 	}
-	if why := kern.Preemption().TLSUnsafe(); why != "" {
+	if why := tlsOff(kern); why != "" {
 		log.Warn("HTTPS is not traced on this kernel", "why", why)
 	}
 	a.SetEnabled(tlsAllowed(kern, m))
@@ -29,5 +29,13 @@ func newTLSAttacher(kern *loader.Tracer, m groups.Mask, log *slog.Logger) (*gttl
 
 // tlsAllowed: wanted by the groups, and safe on this kernel.
 func tlsAllowed(kern *loader.Tracer, m groups.Mask) bool {
-	return tlsWanted(m) && kern.Preemption().TLSUnsafe() == ""
+	return tlsWanted(m) && tlsOff(kern) == ""
+}
+
+// tlsOff says why this kernel cannot run the TLS probes, or "".
+func tlsOff(kern *loader.Tracer) string {
+	if why := kern.FeatureOff(loader.FeatureTLS); why != "" {
+		return why
+	}
+	return kern.Preemption().TLSUnsafe()
 }

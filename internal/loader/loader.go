@@ -103,9 +103,12 @@ func Load(opts Options) (*Tracer, error) {
 		return nil, err
 	}
 	log.Debug("BPF objects", "variant", variant.Name, "why", why)
-	unsupported := stubUnsupported(spec)
+	unsupported := stubUnsupported(spec, variant)
 	for _, u := range unsupported {
 		log.Debug("BPF program left out: this kernel lacks what it needs", "program", u.Program, "needs", u.Needs, "off", u.Feature)
+	}
+	for _, u := range offFeatures(variant, unsupported) {
+		log.Warn("feature off on this kernel", "feature", u.Feature, "needs", u.Needs, "bpf_build", variant.Name)
 	}
 	if opts.RingbufBytes > 0 {
 		n := opts.RingbufBytes
@@ -641,14 +644,22 @@ func (t *Tracer) Variant() Variant { return t.variant }
 
 // InjectUnavailable says why this kernel cannot run traceparent injection's
 // programs, or "" when it can.
-func (t *Tracer) InjectUnavailable() string {
-	for _, u := range t.unsupported {
-		if u.Feature == "traceparent injection" {
+func (t *Tracer) InjectUnavailable() string { return t.FeatureOff(FeatureInject) }
+
+// FeatureOff says why feature (Feature*) is off on this kernel, or "" when
+// the kernel and the build carry it.
+func (t *Tracer) FeatureOff(feature string) string {
+	for _, u := range t.Off() {
+		if u.Feature == feature {
 			return "this kernel lacks " + u.Needs
 		}
 	}
 	return ""
 }
+
+// Off lists the features off on this kernel, each once: those of the
+// programs left out, then those the build leaves out (Variant.Off).
+func (t *Tracer) Off() []Unsupported { return offFeatures(t.variant, t.unsupported) }
 
 // Preemption says whether the kernel preempts uprobe programs and what
 // gymtrace can do about it here.

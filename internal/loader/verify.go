@@ -137,7 +137,7 @@ func Verify(o VerifyOptions) (VerifyReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	rep.Unsupported = stubUnsupported(spec)
+	rep.Unsupported = stubUnsupported(spec, *v)
 	rep.Preemption = probePreemption()
 	if err := applyPreemption(spec, rep.Preemption); err != nil {
 		return rep, err

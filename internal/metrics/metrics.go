@@ -95,6 +95,9 @@ type Sources struct {
 	// Injection is whether traceparent injection is on, and why it is off
 	// (or forced on despite a kernel misreport).
 	Injection func() (on bool, reason string)
+	// FeaturesOff are the features this kernel or its build of the BPF
+	// programs leaves out, each with what it lacks.
+	FeaturesOff func() map[string]string
 }
 
 // Metrics is gymtrace's metrics registry and health state.
@@ -312,6 +315,9 @@ var (
 			"last window, cut by a write boundary, or chunked): nothing was recorded for them.", nil, nil)
 	descGymProcsCapped = prometheus.NewDesc("gymtrace_gym_metrics_procs_capped_total",
 		"Spans not measured for Gym's metrics because too many processes had metrics at once.", nil, nil)
+	descFeatureOff = prometheus.NewDesc("gymtrace_kernel_feature_off",
+		"1 for each feature this kernel (or the build of the BPF programs it gets) leaves out: feature names it, needs says what the kernel lacks "+
+			"(gymtrace check and the start-up log name the same).", []string{"feature", "needs"}, nil)
 	descReady = prometheus.NewDesc("gymtrace_ready",
 		"1 once probes are attached (what /healthz reports).", nil, nil)
 )
@@ -322,7 +328,7 @@ type collector struct{ m *Metrics }
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEmitted, descDiscarded, descRingbuf, descRecords, descKernel, descPython, descBuilt,
 		descUnresolved, descResolved, descNoContext, descRolesInferred, descRoleHeld, descRoleUndecided, descGymUnresolved, descExported, descFailed, descDropped, descQueueLen, descQueueCap, descTargets, descInject,
-		descGymProcs, descGymCapped, descRewardMissing, descGymProcsCapped, descReady} {
+		descGymProcs, descGymCapped, descRewardMissing, descGymProcsCapped, descFeatureOff, descReady} {
 		ch <- d
 	}
 }
@@ -388,6 +394,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descInject, prometheus.GaugeValue, v, reason)
+	}
+	if src.FeaturesOff != nil {
+		for f, needs := range src.FeaturesOff() {
+			ch <- prometheus.MustNewConstMetric(descFeatureOff, prometheus.GaugeValue, 1, f, needs)
+		}
 	}
 	ready := 0.0
 	if c.m.ready.Load() {

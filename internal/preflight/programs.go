@@ -19,7 +19,7 @@ func (c *checker) programs() {
 	v, why, err := loader.PickVariant()
 	if err != nil {
 		c.add(Result{Feature: "BPF programs", Status: StatusMissing, Need: NeedRequired, Detail: err.Error(),
-			Fix: "unset GYMTRACE_BPF_VARIANT, or set it to iter or bounded"})
+			Fix: "unset GYMTRACE_BPF_VARIANT, or set it to iter, bounded or k510"})
 		return
 	}
 	feature := "BPF programs (" + v.Name + " build)"
@@ -53,6 +53,11 @@ func (c *checker) programs() {
 	for _, u := range rep.Unsupported {
 		c.add(Result{Feature: "program " + u.Program, Status: StatusMissing, Need: NeedOptional,
 			Detail: "this kernel lacks " + u.Needs + ": " + u.Feature + " is off (the program is left out)",
+			Fix:    "a newer kernel has it"})
+	}
+	for _, u := range v.Off {
+		c.add(Result{Feature: u.Feature, Status: StatusMissing, Need: NeedOptional,
+			Detail: "off in the " + v.Name + " build: this kernel lacks " + u.Needs,
 			Fix:    "a newer kernel has it"})
 	}
 	c.add(preemptionResult(rep.Preemption))
