@@ -547,7 +547,7 @@ GT_LOOP_FN gt_rollout_at(int i, struct gt_rollout_ctx *cx)
 GT_GLOBAL int gt_scan_rollout(struct http_event *ev, __u64 ubuf, __u32 len)
 {
 #ifdef GT_K510
-	return 0; // a byte-by-byte walk of the body needs bpf_loop (common/k510.h)
+	return gt_k510_scan_rollout(ubuf, len); // ev is c->req: k510_wrap.h finds it
 #endif
 	struct gt_scratch *sc = gt_get_scratch();
 	if (!sc || !ev)

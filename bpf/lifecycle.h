@@ -60,10 +60,22 @@ static __always_inline void gt_bit_set(__u32 tgid, int on)
 	__u64 *bits = bpf_map_lookup_elem(&gt_target_bits, &word);
 	if (!bits)
 		return;
+#ifdef GT_K510
+	// 5.10 has atomic add only (atomic or/and came in 5.12): a bit is only
+	// ever set or cleared for its own tgid, by one fork or exit at a time,
+	// so adding it where it is clear (subtracting where set) is exact, and
+	// the other tgids' bits of the word are never lost to a race.
+	__u64 b = 1ULL << (tgid & 63);
+	if (on && !(*bits & b))
+		__sync_fetch_and_add(bits, b);
+	else if (!on && (*bits & b))
+		__sync_fetch_and_add(bits, -b);
+#else
 	if (on)
 		__sync_fetch_and_or(bits, 1ULL << (tgid & 63));
 	else
 		__sync_fetch_and_and(bits, ~(1ULL << (tgid & 63)));
+#endif
 }
 
 static __always_inline struct proc_event *gt_proc_reserve(__u8 kind)

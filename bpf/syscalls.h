@@ -80,7 +80,7 @@ GT_GLOBAL int gt_conn_new(struct gt_io *io, long ret)
 		t->fresh = sk && gt_conn_fresh(sk, io->dir, ret);
 		if (t->fresh)
 			gt_stat_add(GT_STAT_FRESH, 1);
-		t->conn_id = __sync_fetch_and_add(&gt_next_conn_id, 1) + 1;
+		t->conn_id = gt_new_conn_id();
 	} else {
 		t->kind = GT_CONN_IGNORE;
 	}

@@ -119,7 +119,7 @@ static __always_inline struct gt_conn *gt_tls_conn(struct gt_io *io, __u64 ssl, 
 	t->tls = GT_TLS_UNLINKED;
 	t->tls_fd = -1;
 	t->cfg_gen = io->cfg_gen;
-	t->conn_id = __sync_fetch_and_add(&gt_next_conn_id, 1) + 1;
+	t->conn_id = gt_new_conn_id();
 	if (bpf_map_update_elem(&gt_tls_conns, &key, t, BPF_NOEXIST) &&
 	    bpf_map_update_elem(&gt_tls_conns, &key, t, BPF_ANY)) {
 		gt_stat_add(GT_STAT_CONN_FULL, 1);

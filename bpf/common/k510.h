@@ -9,10 +9,12 @@
 // - global functions with pointer arguments (5.13's "Arg#0 type PTR ... is
 //   not supported yet"): GT_GLOBAL functions are static there, verified in
 //   each caller's context;
-// - bpf_loop (5.17): gt_loop (common/iter.h) is a plain loop of at most
-//   GT_K510_LOOP_MAX steps, and the whole-body scans (rollout keys, the
-//   /verify reward, the model exchange's JSON walk) are left out: the
-//   loader names them off (variant.go, k510Off);
+// - bpf_loop (5.17): the header scan (bpf/http.h) and the rollout scan
+//   (bpf/k510_wrap.h) are plain loops whose steps are global functions of
+//   their index; the /verify reward and the model exchange's JSON walk are
+//   left out, and the loader names them off (variant.go, variantK510.Off).
+//   gt_loop (common/iter.h) is a plain loop of at most GT_K510_LOOP_MAX
+//   steps for what is left;
 // - bpf_get_current_task_btf (5.11) and bpf_task_pt_regs (5.15): the
 //   syscall arguments are read from the task's stack (io.h);
 // - uprobe attach cookies (5.15): the loader leaves the programs that read
@@ -21,6 +23,9 @@
 
 #ifdef GT_K510
 #define GT_GLOBAL static __always_inline
+// The rollout scan of the 5.10 build (bpf/k510_wrap.h), called from
+// gt_scan_rollout (bpf/http.h), which comes first.
+static inline __attribute__((always_inline)) int gt_k510_scan_rollout(__u64 ubuf, __u32 len);
 // Steps of a gt_loop the 5.10 verifier follows one by one: the header
 // scan's 8-byte words (GT_K510_LOOP_MAX * 8 bytes of a header block) and
 // its lines.

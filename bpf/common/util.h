@@ -19,6 +19,30 @@
 
 __u64 gt_next_conn_id;
 
+#ifdef GT_K510
+// 5.10 has no atomic fetch-and-add that returns the old value (5.12's
+// BPF_FETCH): each CPU numbers its own connections, the CPU in the top
+// bits, so ids stay unique (userspace only ever compares them for equality).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} gt_k510_conn_ids SEC(".maps");
+
+static __always_inline __u64 gt_new_conn_id(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&gt_k510_conn_ids, &zero);
+	if (!n)
+		return 0;
+	*n += 1;
+	return ((__u64)(bpf_get_smp_processor_id() + 1) << 40) | (*n & ((1ULL << 40) - 1));
+}
+#else
+#define gt_new_conn_id() (__sync_fetch_and_add(&gt_next_conn_id, 1) + 1)
+#endif
+
 // Profiling switches for cost experiments (internal/loader's cost test);
 // 0 in production.
 volatile const __u32 gt_prof_skip = 0;

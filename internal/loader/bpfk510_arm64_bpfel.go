@@ -32,7 +32,9 @@ const (
 	bpfk510MapGtInjectSocks          = "gt_inject_socks"
 	bpfk510MapGtInjectStats          = "gt_inject_stats"
 	bpfk510MapGtIos                  = "gt_ios"
+	bpfk510MapGtK510ConnIds          = "gt_k510_conn_ids"
 	bpfk510MapGtK510Hdr              = "gt_k510_hdr"
+	bpfk510MapGtK510Win              = "gt_k510_win"
 	bpfk510MapGtProf                 = "gt_prof"
 	bpfk510MapGtPyLinks              = "gt_py_links"
 	bpfk510MapGtPyProcs              = "gt_py_procs"
@@ -201,7 +203,9 @@ type bpfk510MapSpecs struct {
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
+	GtK510ConnIds   *ebpf.MapSpec `ebpf:"gt_k510_conn_ids"`
 	GtK510Hdr       *ebpf.MapSpec `ebpf:"gt_k510_hdr"`
+	GtK510Win       *ebpf.MapSpec `ebpf:"gt_k510_win"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -296,7 +300,9 @@ type bpfk510Maps struct {
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.Map `ebpf:"gt_ios"`
+	GtK510ConnIds   *ebpf.Map `ebpf:"gt_k510_conn_ids"`
 	GtK510Hdr       *ebpf.Map `ebpf:"gt_k510_hdr"`
+	GtK510Win       *ebpf.Map `ebpf:"gt_k510_win"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -338,7 +344,9 @@ func (m *bpfk510Maps) Close() error {
 		m.GtInjectSocks,
 		m.GtInjectStats,
 		m.GtIos,
+		m.GtK510ConnIds,
 		m.GtK510Hdr,
+		m.GtK510Win,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

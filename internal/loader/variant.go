@@ -42,7 +42,6 @@ var (
 	variantBounded = Variant{Name: "bounded", Says: "bounded loops (Linux 5.3+)", load: loadBpfbounded}
 	variantK510    = Variant{Name: "k510", Says: "neither bpf_loop nor global functions with pointer arguments (Linux 5.10 to 5.16)", load: loadBpfk510,
 		Off: []Unsupported{
-			{Feature: FeatureRolloutIDs, Needs: "bpf_loop (Linux 5.17+) to walk a /run body for Gym's _ng_ keys"},
 			{Feature: FeatureReward, Needs: "bpf_loop (Linux 5.17+) to walk a /verify response body"},
 			{Feature: FeatureGenAI, Needs: "bpf_loop (Linux 5.17+) to walk a model exchange's JSON"},
 		},
