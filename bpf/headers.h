@@ -132,6 +132,12 @@ GT_GLOBAL int gt_headers_read(struct gt_conn *c, struct gt_io *io, __u64 ubuf, i
 	}
 	if (nr == 0 || nr > GT_SCRATCH - 128)
 		return -1;
+#ifdef GT_K510
+	// 5.10 learns the bound above on a copy of nr the compiler then
+	// reloads from the stack without it ("R2 unbounded memory access"):
+	// a mask (a no-op here) bounds the register the read takes.
+	gt_mask(nr, GT_SCRATCH - 1);
+#endif
 	if (attempt == 0 && sc->hr.pre)
 		gt_stat_add(GT_STAT_SCAN_PREREAD, 1); // buf holds these bytes already
 	else if (bpf_probe_read_user(&sc->buf[carry & 127], nr, (void *)ubuf))

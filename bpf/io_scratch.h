@@ -13,6 +13,12 @@ struct gt_io_scratch {
 	struct gt_iovec v;  // the segment being parsed
 	__u64 iov, cnt;     // the syscall's iovec array
 	__u64 ret;          // the bytes the syscall moved
+#ifdef GT_K510
+	// io's gt_conns key, kept here so the 5.10 build's wrappers
+	// (bpf/k510_wrap.h) look the connection up without a key on their
+	// stack: a stack slot less on the deepest chain.
+	struct gt_conn_key k510_key;
+#endif
 };
 
 struct {

@@ -289,6 +289,10 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	io->tgid = tgid;
 	io->tid = (__u32)id;
 	io->fd = (__s32)a0;
+#ifdef GT_K510
+	is->k510_key.tgid = tgid;
+	is->k510_key.fd = io->fd;
+#endif
 	io->dir = dir;
 	io->role = role;
 	io->cfg_flags = cfg->flags;

@@ -105,6 +105,7 @@ const (
 	bpfk510VarGtContractTargetFlag   = "gt_contract_target_flag"
 	bpfk510VarGtContractTraceCtx     = "gt_contract_trace_ctx"
 	bpfk510VarGtContractVerb         = "gt_contract_verb"
+	bpfk510VarGtK510Zero             = "gt_k510_zero"
 	bpfk510VarGtNever                = "gt_never"
 	bpfk510VarGtNextConnId           = "gt_next_conn_id"
 	bpfk510VarGtProfSkip             = "gt_prof_skip"
@@ -256,6 +257,7 @@ type bpfk510VariableSpecs struct {
 	GtContractTargetFlag   *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
+	GtK510Zero             *ebpf.VariableSpec `ebpf:"gt_k510_zero"`
 	GtNever                *ebpf.VariableSpec `ebpf:"gt_never"`
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
@@ -398,6 +400,7 @@ type bpfk510Variables struct {
 	GtContractTargetFlag   *ebpf.Variable `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.Variable `ebpf:"gt_contract_verb"`
+	GtK510Zero             *ebpf.Variable `ebpf:"gt_k510_zero"`
 	GtNever                *ebpf.Variable `ebpf:"gt_never"`
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
