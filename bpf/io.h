@@ -69,6 +69,19 @@ static __always_inline __u64 gt_io_id(const struct gt_io *io)
 struct task_struct___gtk {
 	void *stack;
 } __attribute__((preserve_access_index));
+
+// Where the helper reads the registers to: map memory, not the syscall
+// program's stack (its frame is on the deepest chain).
+struct gt_k510_regs {
+	unsigned long a[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gt_k510_regs);
+} gt_k510_regs SEC(".maps");
 #endif
 
 static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1, unsigned long *a2)
@@ -77,18 +90,27 @@ static __always_inline void gt_syscall_args(unsigned long *a0, unsigned long *a1
 	// 5.10 has neither bpf_get_current_task_btf (5.11) nor bpf_task_pt_regs
 	// (5.15): the registers lie at the top of the task's kernel stack
 	// (x86-64's and arm64's task_pt_regs), read with a helper call each.
+	struct gt_k510_regs *r = bpf_map_lookup_elem(&gt_k510_regs, (__u32 *)&gt_k510_zero);
+	if (!r) {
+		*a0 = -1; // no descriptor: nothing is traced
+		*a1 = *a2 = 0;
+		return;
+	}
 	struct task_struct___gtk *t = (void *)bpf_get_current_task();
 	void *stack = BPF_CORE_READ(t, stack);
 	struct pt_regs *regs = (struct pt_regs *)(stack + GT_K510_THREAD_SIZE - bpf_core_type_size(struct pt_regs));
 #if defined(__TARGET_ARCH_x86)
-	bpf_probe_read_kernel(a0, sizeof(*a0), &regs->di);
-	bpf_probe_read_kernel(a1, sizeof(*a1), &regs->si);
-	bpf_probe_read_kernel(a2, sizeof(*a2), &regs->dx);
+	bpf_probe_read_kernel(&r->a[0], sizeof(r->a[0]), &regs->di);
+	bpf_probe_read_kernel(&r->a[1], sizeof(r->a[1]), &regs->si);
+	bpf_probe_read_kernel(&r->a[2], sizeof(r->a[2]), &regs->dx);
 #elif defined(__TARGET_ARCH_arm64)
-	bpf_probe_read_kernel(a0, sizeof(*a0), &regs->orig_x0);
-	bpf_probe_read_kernel(a1, sizeof(*a1), &regs->regs[1]);
-	bpf_probe_read_kernel(a2, sizeof(*a2), &regs->regs[2]);
+	bpf_probe_read_kernel(&r->a[0], sizeof(r->a[0]), &regs->orig_x0);
+	bpf_probe_read_kernel(&r->a[1], sizeof(r->a[1]), &regs->regs[1]);
+	bpf_probe_read_kernel(&r->a[2], sizeof(r->a[2]), &regs->regs[2]);
 #endif
+	*a0 = r->a[0];
+	*a1 = r->a[1];
+	*a2 = r->a[2];
 	return;
 #else
 	// A trusted BTF pointer: plain (CO-RE relocated) loads, no helper call

@@ -5,9 +5,9 @@
 
 #ifdef GT_K510
 // The keys live in map memory, not on the wrappers' stacks (the deepest
-// chain runs through them): gt_ios' index in read-only data, the
-// connection's key beside io (set where io is filled, gt_on_io_target).
-volatile const __u32 gt_k510_zero = 0;
+// chain runs through them): gt_ios' index in read-only data (gt_k510_zero,
+// common/k510.h), the connection's key beside io (set where io is filled,
+// gt_on_io_target).
 
 static __always_inline struct gt_io *gt_k510_io(void)
 {

@@ -23,6 +23,9 @@
 
 #ifdef GT_K510
 #define GT_GLOBAL static __always_inline
+// Index 0 of the build's per-CPU maps, as a key in read-only data: a
+// lookup then needs no stack slot for its key.
+volatile const __u32 gt_k510_zero = 0;
 // The rollout scan of the 5.10 build (bpf/k510_wrap.h), called from
 // gt_scan_rollout (bpf/http.h), which comes first.
 static inline __attribute__((always_inline)) int gt_k510_scan_rollout(__u64 ubuf, __u32 len);

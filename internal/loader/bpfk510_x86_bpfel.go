@@ -34,6 +34,7 @@ const (
 	bpfk510MapGtIos                  = "gt_ios"
 	bpfk510MapGtK510ConnIds          = "gt_k510_conn_ids"
 	bpfk510MapGtK510Hdr              = "gt_k510_hdr"
+	bpfk510MapGtK510Regs             = "gt_k510_regs"
 	bpfk510MapGtK510Win              = "gt_k510_win"
 	bpfk510MapGtProf                 = "gt_prof"
 	bpfk510MapGtPyLinks              = "gt_py_links"
@@ -206,6 +207,7 @@ type bpfk510MapSpecs struct {
 	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
 	GtK510ConnIds   *ebpf.MapSpec `ebpf:"gt_k510_conn_ids"`
 	GtK510Hdr       *ebpf.MapSpec `ebpf:"gt_k510_hdr"`
+	GtK510Regs      *ebpf.MapSpec `ebpf:"gt_k510_regs"`
 	GtK510Win       *ebpf.MapSpec `ebpf:"gt_k510_win"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
@@ -304,6 +306,7 @@ type bpfk510Maps struct {
 	GtIos           *ebpf.Map `ebpf:"gt_ios"`
 	GtK510ConnIds   *ebpf.Map `ebpf:"gt_k510_conn_ids"`
 	GtK510Hdr       *ebpf.Map `ebpf:"gt_k510_hdr"`
+	GtK510Regs      *ebpf.Map `ebpf:"gt_k510_regs"`
 	GtK510Win       *ebpf.Map `ebpf:"gt_k510_win"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
@@ -348,6 +351,7 @@ func (m *bpfk510Maps) Close() error {
 		m.GtIos,
 		m.GtK510ConnIds,
 		m.GtK510Hdr,
+		m.GtK510Regs,
 		m.GtK510Win,
 		m.GtProf,
 		m.GtPyLinks,

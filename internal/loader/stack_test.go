@@ -38,6 +38,8 @@ func TestCombinedStackWithinLimit(t *testing.T) {
 		{"bpf_arm64_bpfel.o", 32, maxCombinedStack},
 		{"bpfbounded_x86_bpfel.o", 32, stackBudget},
 		{"bpfbounded_arm64_bpfel.o", 32, stackBudget},
+		{"bpfk510_x86_bpfel.o", 32, stackBudget},
+		{"bpfk510_arm64_bpfel.o", 32, stackBudget},
 	} {
 		t.Run(fmt.Sprintf("%s/%d", c.obj, c.round), func(t *testing.T) { checkCombinedStack(t, c.obj, c.round, c.limit) })
 	}
