@@ -198,7 +198,11 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 			if len(sc.WrongExamples) > 0 {
 				t.Logf("first wrong parents:\n  %s", strings.Join(sc.WrongExamples, "\n  "))
 			}
-			checkCausality(t, c, sc, m, recs, own, pids)
+			if kmPythonOff(check) {
+				kmCheckUnparented(t, sc)
+			} else {
+				checkCausality(t, c, sc, m, recs, own, pids)
+			}
 			if skipped := m[`gymtrace_kernel_events_total{reason="program_skipped"}`]; t.Failed() && skipped > 0 {
 				t.Errorf("known cause: the kernel skipped %.0f runs of the syscall programs so far (recursion misses; preemption %s): "+
 					"docs/architecture.md, \"Still open: a kernel that preempts BPF programs\"", skipped, kmPreempt(dir))
@@ -242,6 +246,19 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 		} else {
 			t.Errorf("check left injection out on Linux %s, which has what it needs (6.10+)", k.Release)
 		}
+	}
+	// What check names off (the k510 build on 5.10: internal/loader
+	// variant.go), each the feature the table measures.
+	if kmPythonOff(check) {
+		why := "no uprobe attach cookies (Linux 5.15): the Python probes are left out, calls unparented"
+		expect["asyncio parents"], expect["uvloop parents"] = why, why
+		expect["joins"] = "rollouts in one trace need asyncio parents (off here); server spans still join their callers"
+	}
+	if strings.Contains(check, "HTTPS (OpenSSL probes) is off") {
+		expect["TLS"] = "the TLS programs are left out of the k510 build"
+	}
+	if regexp.MustCompile(`(?m)^/verify rewards\s+missing`).MatchString(check) {
+		expect["reward"] = "the k510 build has no body walk for it (no bpf_loop before Linux 5.17)"
 	}
 	if regexp.MustCompile(`(?m)^injection self-test \(sockhash\)\s+missing .*FIONREAD`).MatchString(check) {
 		expect["injection"] = "the kernel misreports FIONREAD in a sockhash (its self-test keeps injection off)"
@@ -376,4 +393,26 @@ func kmFeatureTable(ks []kmKernel) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// kmPythonOff: check left the Python probes out (no attach cookies, the k510
+// build on 5.10), so client calls have no asyncio parents there.
+func kmPythonOff(check string) bool {
+	return strings.Contains(check, "asyncio parents (Python and uvloop probes) is off")
+}
+
+// kmCheckUnparented holds a collection made without asyncio parents to what
+// it must still give: every request a span, and no call a wrong parent (a
+// call is unparented where its parent cannot be known), no stray span, no
+// trace shared by two rollouts, no wrong rollout id.
+func kmCheckUnparented(t *testing.T, sc causalityScore) {
+	t.Helper()
+	if sc.ServerSpans != sc.Inbound || sc.ClientSpans != sc.Outbound {
+		t.Errorf("requests without a span: %d/%d server, %d/%d client", sc.ServerSpans, sc.Inbound, sc.ClientSpans, sc.Outbound)
+	}
+	if sc.Wrong != 0 || sc.StraySpans != 0 || sc.SharedTraces != 0 || sc.RolloutIDWrong != 0 {
+		t.Errorf("without asyncio parents: %d wrong parents, %d stray spans, %d traces shared by rollouts, %d wrong rollout ids; want 0",
+			sc.Wrong, sc.StraySpans, sc.SharedTraces, sc.RolloutIDWrong)
+	}
+	t.Logf("without asyncio parents: %d of %d calls unparented, none wrong", sc.Unattributed, sc.Outbound)
 }
