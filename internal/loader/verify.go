@@ -288,6 +288,11 @@ var (
 	tooLargeRE  = regexp.MustCompile(`BPF program is too large. Processed (\d+) insn`)
 	jumpsRE     = regexp.MustCompile(`The sequence of (\d+) jumps is too complex`)
 	stackSizeRE = regexp.MustCompile(`combined stack size of (\d+) calls is (\d+)`)
+	// cilium/ebpf rewrites a call of a weak kfunc the kernel lacks as a
+	// call of this helper number; the verifier names it when the call is
+	// reachable (6.1 does so with EACCES, which cilium/ebpf does not turn
+	// into its unknown-kfunc error).
+	kfuncPoison = fmt.Sprintf("unknown#%d", 0xdedc0de)
 	helperRE    = regexp.MustCompile(`(?:unknown func|invalid func|program of this type cannot use helper) ([a-z_0-9]+)#(\d+)`)
 )
 
@@ -324,7 +329,8 @@ func explainRefusal(err error) (why, fix string) {
 		m := stackSizeRE.FindStringSubmatch(log)
 		return fmt.Sprintf("its deepest chain of %s calls needs %s bytes of stack, over the 512 the verifier allows", m[1], m[2]),
 			"this is a gymtrace bug on this kernel (TestCombinedStackWithinLimit holds every chain to the limit with frames rounded as this kernel rounds them)" + report
-	case strings.Contains(msg, "unknown kfunc") || strings.Contains(log, "kernel function") && strings.Contains(log, "not"):
+	case strings.Contains(msg, "unknown kfunc") || strings.Contains(log, "kernel function") && strings.Contains(log, "not") ||
+		strings.Contains(log, kfuncPoison):
 		return "the program calls a kernel function (kfunc) this kernel does not have",
 			"gymtrace picks the bounded-loop build where bpf_iter_num_new is missing; set GYMTRACE_BPF_VARIANT=bounded" + report
 	case helperRE.MatchString(log):
