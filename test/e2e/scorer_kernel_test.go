@@ -66,14 +66,15 @@ func truthAt(recs []truthRec, mono int64, before bool) (truthRec, bool) {
 }
 
 func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
-	type key struct{ pid, a, b int }
-	ins, outs := map[key][]truthRec{}, map[key][]truthRec{}
+	ins, outs := map[joinKey][]truthRec{}, map[joinKey][]truthRec{}
 	for _, r := range recs {
 		switch {
 		case r.Ev == "in" && r.Peer.Port != 0:
-			ins[key{r.PID, r.Peer.Port, r.Local.Port}] = append(ins[key{r.PID, r.Peer.Port, r.Local.Port}], r)
+			k := joinKey{r.PID, r.Peer.Port, r.Local.Port}
+			ins[k] = append(ins[k], r)
 		case r.Ev == "out" && r.Local.Port != 0 && r.Cause != "":
-			outs[key{r.PID, r.Local.Port, r.Remote.Port}] = append(outs[key{r.PID, r.Local.Port, r.Remote.Port}], r)
+			k := joinKey{r.PID, r.Local.Port, r.Remote.Port}
+			outs[k] = append(outs[k], r)
 		}
 	}
 	type req struct {
@@ -91,7 +92,7 @@ func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
 		if s.Kind != "CLIENT" || s.Attributes["gymtrace.debug.cause_conn"] == nil {
 			continue
 		}
-		o, ok := truthAt(outs[key{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}],
+		o, ok := truthAt(outs[joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}],
 			int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), true)
 		if !ok {
 			continue // not a call with a cause (the collector's)
@@ -106,7 +107,7 @@ func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
 			k.Unexported++
 			continue
 		}
-		in, ok := truthAt(ins[key{s.PID(), srv.AttrInt("client.port"), srv.AttrInt("server.port")}],
+		in, ok := truthAt(ins[joinKey{s.PID(), srv.AttrInt("client.port"), srv.AttrInt("server.port")}],
 			int64(anyInt(srv.Attributes["gymtrace.debug.req_start"])), false)
 		if ok && in.ID == o.Cause {
 			k.Right++
