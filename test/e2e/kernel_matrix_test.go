@@ -64,6 +64,7 @@ type kmFeature struct {
 	On       bool
 	Evidence string // what was measured
 	Expected string // why it is expected off here ("" when expected on)
+	NotRun   string // why this run did not measure it here (the job was not asked to)
 }
 
 type kmKernel struct {
@@ -115,6 +116,15 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 	if b, err := os.ReadFile(filepath.Join(dir, "load.json")); err == nil {
 		kmMargins(t, string(b))
 	}
+	phases, asked := kmAsked(t, dir)
+	if !slices.Contains(phases, "trace") {
+		why := fmt.Sprintf("no traced run here (phases %s)", strings.Join(phases, ","))
+		for _, f := range kmFeatureNames {
+			k.Features[f] = kmFeature{NotRun: why}
+		}
+		t.Logf("features not measured: %s", why)
+		return
+	}
 
 	tr := filepath.Join(dir, "trace")
 	spans := readSpans(t, filepath.Join(tr, "spans.jsonl"))
@@ -152,6 +162,11 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 	cases, _ := filepath.Glob(filepath.Join(tr, "3.*-*"))
 	if len(cases) == 0 {
 		t.Errorf("no collection in %s", tr)
+	}
+	for _, a := range asked {
+		if _, err := os.Stat(filepath.Join(tr, strings.ReplaceAll(a, "/", "-"))); err != nil {
+			t.Errorf("case %s was asked for and has no collection: %v", a, err)
+		}
 	}
 	for _, cd := range cases {
 		name := filepath.Base(cd)
@@ -235,7 +250,11 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 	set("rollout ids", ids > 0, "%.0f of %.0f gym.rollout spans carry their rollout's id", ids, rollouts)
 	for _, loop := range []string{"asyncio", "uvloop"} {
 		p := parents[loop]
-		set(loop+" parents", p[1] > 0 && p[0] == p[1], "%d of %d collections on %s with calls under their request (right/wrong above)", p[0], p[1], loop)
+		if p[1] == 0 {
+			k.Features[loop+" parents"] = kmFeature{NotRun: fmt.Sprintf("no collection on %s here (cases %s)", loop, strings.Join(asked, ","))}
+			continue
+		}
+		set(loop+" parents", p[0] == p[1], "%d of %d collections on %s with calls under their request (right/wrong above)", p[0], p[1], loop)
 	}
 
 	// What is expected off here, and why.
@@ -272,6 +291,8 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 		ft.Expected = expect[f]
 		k.Features[f] = ft
 		switch {
+		case ft.NotRun != "":
+			t.Logf("feature %s: not run: %s", f, ft.NotRun)
 		case ft.On && ft.Expected != "":
 			t.Errorf("feature %s is on, but expected off here (%s): %s; the expectation is stale", f, ft.Expected, ft.Evidence)
 		case !ft.On && ft.Expected == "":
@@ -319,6 +340,38 @@ func kmMargins(t *testing.T, loadJSON string) {
 		}
 		t.Logf("%s build: %d programs loaded, at most %d instructions verified, %d bytes of stack", v.Name, loaded, maxV, maxS)
 	}
+}
+
+// kmAsked is what the job was asked to run (its file asked: "phases P,Q"
+// and "cases 3.11/uvloop,..."); a run from before that file: every phase
+// whose results are there, and the cases it kept.
+func kmAsked(t *testing.T, dir string) (phases, cases []string) {
+	b, err := os.ReadFile(filepath.Join(dir, "asked"))
+	if err != nil {
+		if _, err := os.Stat(filepath.Join(dir, "trace", "metrics-final.txt")); err == nil {
+			phases = append(phases, "trace")
+		}
+		return append(phases, "check"), nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		key, val, _ := strings.Cut(line, " ")
+		var list []string
+		for _, v := range strings.Split(val, ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				list = append(list, v)
+			}
+		}
+		switch key {
+		case "phases":
+			phases = list
+		case "cases":
+			cases = list
+		}
+	}
+	if len(phases) == 0 {
+		t.Errorf("asked names no phase: %q", b)
+	}
+	return phases, cases
 }
 
 // kmPreempt is the kernel's preemption model, as the job's first line says.
@@ -380,6 +433,8 @@ func kmFeatureTable(ks []kmKernel) string {
 			switch {
 			case !ok:
 				b.WriteString(" not measured |")
+			case ft.NotRun != "":
+				fmt.Fprintf(&b, " not run: %s |", ft.NotRun)
 			case ft.On && ft.Expected == "":
 				b.WriteString(" yes |")
 			case !ft.On && ft.Expected != "":

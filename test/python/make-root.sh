@@ -27,7 +27,8 @@ sid)
 	exit 2
 	;;
 esac
-mirror="${GYMTRACE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The archive this machine's apt sources name (scripts/debian-mirror).
+mirror=$("$(dirname "${BASH_SOURCE[0]}")/../../scripts/debian-mirror") || exit 1
 marker="$root/.gymtrace-ready"
 me="make-root.sh $suite"
 
