@@ -213,12 +213,16 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 			if len(sc.WrongExamples) > 0 {
 				t.Logf("first wrong parents:\n  %s", strings.Join(sc.WrongExamples, "\n  "))
 			}
-			if kmPythonOff(check) {
+			skipped := m[`gymtrace_kernel_events_total{reason="program_skipped"}`]
+			switch {
+			case kmPythonOff(check):
 				kmCheckUnparented(t, sc)
-			} else {
+			case skipped > 0:
+				kmCheckSkipped(t, sc, skipped, kmPreempt(dir))
+			default:
 				checkCausality(t, c, sc, m, recs, own, pids)
 			}
-			if skipped := m[`gymtrace_kernel_events_total{reason="program_skipped"}`]; t.Failed() && skipped > 0 {
+			if t.Failed() && skipped > 0 {
 				t.Errorf("known cause: the kernel skipped %.0f runs of the syscall programs so far (recursion misses; preemption %s): "+
 					"docs/architecture.md, \"Still open: a kernel that preempts BPF programs\"", skipped, kmPreempt(dir))
 			}
@@ -234,6 +238,8 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 			verdict := ""
 			if t.Failed() {
 				verdict = " **failed**"
+			} else if skipped > 0 && !kmPythonOff(check) {
+				verdict = fmt.Sprintf(" (the kernel skipped %.0f syscall program runs: coverage counted, not asserted)", skipped)
 			}
 			*caus = append(*caus, fmt.Sprintf("| %s | %s | %s | %d/%d server, %d/%d client | %d / %d / %d | %d of %d%s | %s |\n",
 				kmName(k), py, loop, sc.ServerSpans, sc.Inbound, sc.ClientSpans, sc.Outbound, sc.Correct, sc.Wrong, sc.Unattributed,
@@ -291,6 +297,8 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 		ft.Expected = expect[f]
 		k.Features[f] = ft
 		switch {
+		case ft.NotRun != "" && ft.Expected != "":
+			t.Logf("feature %s: off, as check names it here: %s (and not run: %s)", f, ft.Expected, ft.NotRun)
 		case ft.NotRun != "":
 			t.Logf("feature %s: not run: %s", f, ft.NotRun)
 		case ft.On && ft.Expected != "":
@@ -433,6 +441,8 @@ func kmFeatureTable(ks []kmKernel) string {
 			switch {
 			case !ok:
 				b.WriteString(" not measured |")
+			case ft.NotRun != "" && ft.Expected != "":
+				fmt.Fprintf(&b, " off, as expected: %s |", ft.Expected)
 			case ft.NotRun != "":
 				fmt.Fprintf(&b, " not run: %s |", ft.NotRun)
 			case ft.On && ft.Expected == "":
@@ -454,6 +464,25 @@ func kmFeatureTable(ks []kmKernel) string {
 // build on 5.10), so client calls have no asyncio parents there.
 func kmPythonOff(check string) bool {
 	return strings.Contains(check, "asyncio parents (Python and uvloop probes) is off")
+}
+
+// kmCheckSkipped holds a collection during which the kernel skipped runs of
+// the syscall programs (gymtrace_kernel_events_total{reason="program_skipped"},
+// from the programs' recursion misses: sid's PREEMPT_LAZY 7.2 preempts a task
+// holding the CPU's bpf_prog_active, docs/architecture.md "A kernel that
+// preempts BPF programs") to what gymtrace promises where it cannot see
+// everything: what it did not see is missing and counted, never paired
+// wrongly. No wrong parent, no stray span, no trace shared by two rollouts,
+// no wrong rollout id; the requests without a span and the rollouts not
+// whole are reported, not asserted.
+func kmCheckSkipped(t *testing.T, sc causalityScore, skipped float64, preempt string) {
+	t.Helper()
+	if sc.Wrong != 0 || sc.StraySpans != 0 || sc.SharedTraces != 0 || sc.RolloutIDWrong != 0 {
+		t.Errorf("with %.0f syscall program runs skipped by the kernel: %d wrong parents, %d stray spans, %d traces shared by rollouts, %d wrong rollout ids; want 0",
+			skipped, sc.Wrong, sc.StraySpans, sc.SharedTraces, sc.RolloutIDWrong)
+	}
+	t.Logf("the kernel (preemption %s) skipped %.0f syscall program runs: %d/%d server and %d/%d client requests with a span, %d of %d rollouts whole, %d calls unattributed; none wrong",
+		preempt, skipped, sc.ServerSpans, sc.Inbound, sc.ClientSpans, sc.Outbound, sc.RolloutsWhole, sc.Rollouts, sc.Unattributed)
 }
 
 // kmCheckUnparented holds a collection made without asyncio parents to what
