@@ -13,12 +13,15 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	// Injection: the calls this request's handler makes must carry its
 	// trace before userspace has seen the request (records wait for the
 	// reader's poll). A request that carried traceparent was published when
-	// its headers were parsed; for one that did not, in a process whose
-	// calls can be injected, the kernel starts the trace itself, here, in
-	// the syscall that completes the request (so before the handler runs),
-	// and userspace adopts it. No reader wakeup is needed.
+	// its headers were parsed; for one that did not, the kernel starts the
+	// trace itself, here, in the syscall that completes the request (so
+	// before the handler runs), and userspace adopts it. No reader wakeup
+	// is needed. Any target's: a process that owns no injectable socket yet
+	// (a fresh agent's first /run) opens one in the handler, and a trace
+	// userspace published after reading this record would race that call
+	// (inject_miss: a rollout's whole first wave went without headers).
 	int wake = 0;
-	if (c->side == GT_SIDE_SERVER && !(c->req.flags & GT_F_TRACEPARENT) && gt_inject_proc(io->tgid)) {
+	if (c->side == GT_SIDE_SERVER && !(c->req.flags & GT_F_TRACEPARENT) && gt_inject_wanted()) {
 		// A traced caller on this host whose call went without a header
 		// (its connection predates gymtrace): userspace joins the request
 		// to the caller's trace by the connection's tuple and publishes

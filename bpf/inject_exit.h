@@ -70,11 +70,6 @@ GT_GLOBAL int gt_inject_pushed(struct gt_io *io)
 	return GT_INJ_LINE;
 }
 
-static __always_inline int gt_inject_proc(__u32 tgid)
-{
-	return gt_inject_wanted() && bpf_map_lookup_elem(&gt_inject_procs, &tgid);
-}
-
 static __always_inline int gt_unhex(__u8 c)
 {
 	if (c >= '0' && c <= '9')

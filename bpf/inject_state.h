@@ -96,10 +96,11 @@ struct {
 	__type(value, __u8);
 } gt_inject_serving SEC(".maps");
 
-// Processes that own at least one socket injection can write to. Only
-// their inbound requests need a trace published for their handlers' calls
-// (gt_inject_root): a process whose outbound connections all predate
-// gymtrace never gets a header.
+// Processes that own at least one socket injection can write to: the
+// syscall-entry hooks (bpf/inject_enter.h) return at once for any other.
+// (Every target's header-less inbound request gets a trace from the kernel,
+// gt_inject_root, whether or not its process owns one yet: its handler may
+// open the first.)
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);

@@ -32,7 +32,7 @@ GT_GLOBAL int gt_inject_inbound(struct gt_conn *c, struct gt_io *io);
 GT_GLOBAL int gt_inject_root(struct gt_conn *c);
 GT_GLOBAL int gt_inject_pair(struct gt_conn *c, int op);
 GT_GLOBAL int gt_inject_pushed(struct gt_io *io);
-static __always_inline int gt_inject_proc(__u32 tgid);
+static __always_inline int gt_inject_wanted(void);
 #endif
 
 // The state machine, by part; each needs what is above it.

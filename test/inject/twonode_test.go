@@ -99,15 +99,19 @@ func TestTwoNodes(t *testing.T) {
 	jf := measure(off)
 	t.Logf("two nodes, injection off: %+v", jf)
 
-	// The agent's /run arrives without traceparent: its trace is the one
-	// userspace decides, published when it reads the request; the handler's
-	// calls race that (inject_miss when they win).
+	// The agent's /run arrives without traceparent: the kernel starts its
+	// trace in the syscall that completes the request, before the handler
+	// runs (gt_inject_root), although the fresh agent owns no injectable
+	// socket yet: its handler opens the first. (When userspace published
+	// it, after reading the record, the first wave's calls raced that:
+	// 56 of 84 joined, inject_miss 32, in a CI run beside QEMU guests.)
 	bare := runStack(t, topology{agentNS: a, modelNS: b, agentIP: "192.0.2.1", modelIP: "192.0.2.2", inject: true, untracedClient: true})
 	jb := measure(bare)
 	m := bare.metrics[0]
 	t.Logf("two nodes, untraced collector: %+v; agent's gymtrace: injected=%v miss=%v", jb, metric(m, "inject_injected"), metric(m, "inject_miss"))
-	if jb.remoteServer != 7*rollouts || jb.joined < jb.remoteServer*9/10 {
-		t.Errorf("untraced collector: %d of %d remote SERVER spans joined; want at least 90%%", jb.joined, jb.remoteServer)
+	if jb.remoteServer != 7*rollouts || jb.joined != jb.remoteServer || jb.complete != rollouts || metric(m, "inject_miss") != 0 {
+		t.Errorf("untraced collector: %d of %d remote SERVER spans joined, %d of %d rollouts complete, inject_miss %v; want all, all, 0",
+			jb.joined, jb.remoteServer, jb.complete, rollouts, metric(m, "inject_miss"))
 	}
 
 	if jt.remoteServer != 7*rollouts {
