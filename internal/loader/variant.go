@@ -110,6 +110,13 @@ func PickVariant() (Variant, string, error) {
 		}
 		return variantBounded, "the kernel has no bpf_iter_num_new kfunc (open-coded iterators came in Linux 6.4)", nil
 	}
+	if StackRounding() == 32 {
+		// 6.4 to 6.8 (Ubuntu 24.04's 6.8 among them), or no JIT: the
+		// iterator build's deepest call chain is 512 bytes with frames
+		// rounded to 32, the verifier's limit itself; the bounded build's
+		// is 448 (as on 6.1).
+		return variantBounded, "the kernel has the bpf_iter_num_* kfuncs, but its verifier rounds stack frames to 32 bytes (before Linux 6.9, or without the JIT), where the iterator build's deepest call chain is 512 bytes, the limit, and the bounded build's 448", nil
+	}
 	return variantIter, "the kernel has the bpf_iter_num_* kfuncs", nil
 }
 
