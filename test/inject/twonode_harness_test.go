@@ -25,9 +25,14 @@ var (
 	buildErr  error
 )
 
-// binaries builds gymtrace and the OTLP sink (its own module) once.
+// binaries builds gymtrace and the OTLP sink (its own module) once, or
+// takes them from GYMTRACE_TEST_BIN_DIR (a guest of scripts/kernel-matrix,
+// which has no writable Go cache).
 func binaries(t testing.TB) (gymtrace, sink string) {
 	t.Helper()
+	if g := testproc.Prebuilt(t, "gymtrace"); g != "" {
+		return g, testproc.Prebuilt(t, "otlpsink")
+	}
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "gymtrace-inject-bin-")
 		if buildErr != nil {
@@ -113,7 +118,7 @@ func start(t testing.TB, name string, env []string, argv ...string) *proc {
 		t.Fatalf("starting %s: %v", name, err)
 	}
 	go func() { p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() { p.stop(5 * time.Second) })
+	t.Cleanup(func() { p.stop(testproc.Slow(5 * time.Second)) })
 	return p
 }
 

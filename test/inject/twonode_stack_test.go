@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/gymtrace/gymtrace/internal/preflight"
+	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 // topology says which namespace runs what, and which gymtrace traces what.
@@ -32,6 +34,9 @@ type topology struct {
 	// Gym's runtime: "uvloop" with "httptools"; "" is the default loop, h11.
 	loop, http string
 	n, c       int // rollouts and their concurrency; 0: rollouts and 4
+	// The agent's outbound connections: "" one keep-alive pool (Gym's),
+	// "per-rollout" a pool per rollout, so every rollout connects anew.
+	connections string
 }
 
 func (top topology) rollouts() int {
@@ -45,7 +50,10 @@ type result struct {
 	sockOps []int // per gymtrace: its sock_ops programs attached to the cgroup v2 root
 	spans   []sinkSpan
 	metrics []map[string]float64 // per gymtrace
-	pids    map[string]int
+	// What GYMTRACE_TWONODE_KEEP keeps: the sink's file, each process's output.
+	sinkFile string
+	logs     map[string]string
+	pids     map[string]int
 }
 
 type sinkSpan struct {
@@ -54,6 +62,7 @@ type sinkSpan struct {
 	TraceID  string         `json:"trace_id"`
 	SpanID   string         `json:"span_id"`
 	Parent   string         `json:"parent_span_id"`
+	Start    uint64         `json:"start_time_unix_nano"`
 	Attrs    map[string]any `json:"attributes"`
 	Resource map[string]any `json:"resource"`
 }
@@ -65,6 +74,11 @@ func (s sinkSpan) pid() int {
 
 const rollouts = 12
 
+// injectDecided: GYMTRACE_TEST_INJECT_ON=1, injection is on here as gymtrace
+// decides it (its start-up self-test passes), so nothing is forced and the
+// tests check that it is on.
+func injectDecided() bool { return os.Getenv("GYMTRACE_TEST_INJECT_ON") == "1" }
+
 // runStack starts the Gym-shaped stack on the topology, one or two
 // gymtraces exporting to one OTLP sink, runs the collector and returns what
 // the sink received.
@@ -74,10 +88,13 @@ func runStack(t *testing.T, top topology) result {
 	root, _ := filepath.Abs(filepath.Join("..", ".."))
 	stack := filepath.Join(root, "test", "stack")
 	dir := t.TempDir()
+	t0 := time.Now()
+	// Where the time goes (under QEMU's TCG, minutes).
+	stage := func(what string) { t.Logf("%s: %s after the start", what, time.Since(t0).Round(100*time.Millisecond)) }
 
 	sinkOut := filepath.Join(dir, "spans.jsonl")
 	sink := start(t, "otlpsink", nil, sinkBin, "--out", sinkOut, "--listen", "127.0.0.1:0")
-	sink.waitFor(t, "listening ", 30*time.Second)
+	sink.waitFor(t, "listening ", testproc.Slow(30*time.Second))
 	var sinkAddr string
 	for _, l := range strings.Split(sink.out.String(), "\n") {
 		if strings.HasPrefix(l, "listening ") {
@@ -103,12 +120,15 @@ func runStack(t *testing.T, top topology) result {
 		{"model", "policy_model", "model.py", top.modelNS, top.modelIP},
 		{"agent", "simple_weather_simple_agent", "agent.py", top.agentNS, top.agentIP},
 	}
-	res := result{pids: map[string]int{}}
+	res := result{pids: map[string]int{}, sinkFile: sinkOut, logs: map[string]string{}}
 	var procs []*proc
 	defer func() {
+		for _, p := range procs {
+			res.logs[p.name] = p.out.String()
+		}
 		// The next topology reuses the namespaces and ports.
 		for _, p := range procs {
-			p.stop(5 * time.Second)
+			p.stop(testproc.Slow(5 * time.Second))
 		}
 	}()
 	var loopArgs []string
@@ -119,12 +139,16 @@ func runStack(t *testing.T, top topology) result {
 		loopArgs = append(loopArgs, "--http", top.http)
 	}
 	for _, s := range servers {
+		args := loopArgs
+		if s.kind == "agent" && top.connections != "" {
+			args = append(slices.Clip(args), "--connections", top.connections)
+		}
 		p := start(t, s.kind, []string{"NEMO_GYM_CONFIG_DICT=" + string(cfgJSON), "NEMO_GYM_CONFIG_PATH=" + s.name},
-			append([]string{"ip", "netns", "exec", s.ns, python, filepath.Join(stack, s.entry)}, loopArgs...)...)
+			append([]string{"ip", "netns", "exec", s.ns, python, filepath.Join(stack, s.entry)}, args...)...)
 		procs = append(procs, p)
 		res.pids[s.kind] = p.cmd.Process.Pid // ip netns exec execs the command: same pid
 		url := fmt.Sprintf("http://%s:%d/", s.ip, ports[s.kind])
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(testproc.Slow(30 * time.Second))
 		for exec.Command("ip", "netns", "exec", s.ns, python, "-c",
 			"import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)", url).Run() != nil {
 			if time.Now().After(deadline) {
@@ -133,6 +157,7 @@ func runStack(t *testing.T, top topology) result {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
+	stage("servers up")
 	// The collector stops itself before it exec's, so it can be a target
 	// before its first connect().
 	coll := start(t, "collector", nil, "ip", "netns", "exec", top.agentNS, "sh", "-c",
@@ -162,16 +187,19 @@ func runStack(t *testing.T, top topology) result {
 		metricsAddrs = append(metricsAddrs, maddr)
 		argv := append([]string{gymtrace, "run", "--otlp-endpoint", "http://" + sinkAddr, "--metrics-addr", maddr,
 			"--span-groups", "default", "--inject=" + strconv.FormatBool(top.inject)}, pidFlags...)
-		if top.inject {
+		if top.inject && !injectDecided() {
 			// These tests measure the injection mechanism: on a kernel whose
 			// sockhash misreports FIONREAD gymtrace keeps injection off by
-			// default (test/conformance checks that), so it is forced here.
+			// default (test/conformance checks that), so it is forced here,
+			// unless GYMTRACE_TEST_INJECT_ON=1 says this kernel's self-test
+			// passes (Debian's kernels in scripts/kernel-matrix's guests).
 			argv = append(argv, "--inject-force")
 		}
 		g := start(t, fmt.Sprintf("gymtrace-%d", i), nil, argv...)
-		g.waitFor(t, "gymtrace: attached", 60*time.Second)
+		g.waitFor(t, "gymtrace: attached", testproc.Slow(60*time.Second))
 		tracers = append(tracers, g)
 	}
+	stage("gymtraces attached")
 	attached := cgroupSockOps(t)
 	for _, g := range tracers {
 		n := 0
@@ -182,26 +210,40 @@ func runStack(t *testing.T, top topology) result {
 		}
 		res.sockOps = append(res.sockOps, n)
 	}
+	// GYMTRACE_TWONODE_STRACE=DIR: the agent's socket reads and writes
+	// during the collection, in DIR/strace.agent (what a failure's bytes
+	// were, and how they were read).
+	if dir := os.Getenv("GYMTRACE_TWONODE_STRACE"); dir != "" {
+		os.MkdirAll(dir, 0o755)
+		st := start(t, "strace", nil, "strace", "-f", "-ttt", "-xx", "-s", "256", "-e",
+			"trace=read,write,readv,writev,recvfrom,sendto,recvmsg,sendmsg,accept4,connect,close",
+			"-p", strconv.Itoa(res.pids["agent"]), "-o", filepath.Join(dir, "strace.agent"))
+		procs = append(procs, st)
+		time.Sleep(testproc.Slow(2 * time.Second)) // attached
+	}
 	syscall.Kill(res.pids["collector"], syscall.SIGCONT)
 	select {
 	case <-coll.done:
-	case <-time.After(120 * time.Second):
+	case <-time.After(testproc.Slow(120 * time.Second)):
 		t.Fatalf("the collector did not finish:\n%s", tail(coll.out.String()))
 	}
 	if coll.cmd.ProcessState.ExitCode() != 0 {
 		t.Fatalf("the collector failed:\n%s", tail(coll.out.String()))
 	}
-	time.Sleep(1500 * time.Millisecond) // last responses reach the ring buffers
+	stage("collection done")
+	time.Sleep(testproc.Slow(1500 * time.Millisecond)) // last responses reach the ring buffers
 	for _, a := range metricsAddrs {
 		res.metrics = append(res.metrics, scrape(t, a))
 	}
 	for _, g := range tracers {
-		g.stop(15 * time.Second)
+		g.stop(testproc.Slow(15 * time.Second))
+		res.logs[g.name] = g.out.String()
 		if !strings.Contains(g.out.String(), "gymtrace: detached") {
 			t.Errorf("%s did not shut down cleanly:\n%s", g.name, tail(g.out.String()))
 		}
 	}
-	sink.stop(5 * time.Second)
+	sink.stop(testproc.Slow(5 * time.Second))
+	stage("gymtraces and sink stopped")
 	f, err := os.Open(sinkOut)
 	if err != nil {
 		t.Fatalf("reading the sink's spans: %v", err)
@@ -279,7 +321,7 @@ func sockOpsOf(t testing.TB, pid int) []uint32 {
 
 func waitStopped(t testing.TB, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testproc.Slow(10 * time.Second))
 	for time.Now().Before(deadline) {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {

@@ -119,6 +119,13 @@ def build_app(cfg, truth, client, base_middleware):
         knobs = row.get("gt") or {}
         rollout_id = stacklib.gym_rollout_id(row)
         request.scope["gt_rollout_id"] = rollout_id
+        try:
+            return await run_rollout(request, row, cause, knobs, rollout_id)
+        finally:
+            # --connections per-rollout: this rollout's pool closes with it.
+            await client.end_rollout(rollout_id)
+
+    async def run_rollout(request, row, cause, knobs, rollout_id):
         prefix = f"/ng-rollout/{rollout_id}" if knobs.get("prefix") and rollout_id else ""
         turns = int(knobs.get("turns", 2))
         cookies = dict(request.cookies)
@@ -238,7 +245,7 @@ def main():
             raise SystemExit(f"config error: agent {cfg.name!r} has no {ref} reference "
                              "({type: ..., name: ...}) in NEMO_GYM_CONFIG_DICT, or --peers without config")
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
-    client = stacklib.GymClient(truth)
+    client = stacklib.GymClient(truth, connections=args.connections)
     stacklib.serve(build_app(cfg, truth, client, args.base_middleware), cfg, args, client)
 
 

@@ -155,6 +155,9 @@ def server_arg_parser(kind):
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="event loop")
     p.add_argument("--reset-contextvars", action="store_true",
                    help="uvicorn's reset_contextvars: each request in a fresh contextvars.Context() (uvicorn >= 0.45)")
+    p.add_argument("--connections", choices=["shared", "per-rollout"], default="shared",
+                   help="outbound connections: one keep-alive pool for the process (Gym's), or a pool per rollout, "
+                        "closed at the rollout's end, so each rollout's calls open new connections")
     p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"),
                    help="append ground-truth JSON lines here (default: $GYMTRACE_TEST_TRUTH)")
     add_gym_telemetry_args(p)
@@ -364,21 +367,45 @@ class Reply:
 
 
 class GymClient:
-    def __init__(self, truth, max_retries=20):
+    def __init__(self, truth, max_retries=20, connections="shared"):
         self.truth = truth
         self.max_retries = max_retries
         self.session = None
         self.telemetry = None  # gymtel.GymTelemetry with --gym-telemetry: its CLIENT span wraps each call
+        # "per-rollout": each rollout's calls get a session (a connection
+        # pool) of their own, opened at its first call and closed by
+        # end_rollout, so every rollout connects anew (Gym keeps one pool).
+        self.per_rollout = connections == "per-rollout"
+        self.rollout_sessions = {}
 
-    async def start(self):
+    @staticmethod
+    def _new_session():
         # Gym: unbounded pool, no client timeout, cookies forwarded by hand.
-        self.session = aiohttp.ClientSession(
+        return aiohttp.ClientSession(
             connector=TruthConnector(limit=0),
             cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None),
         )
 
+    async def start(self):
+        self.session = self._new_session()
+
+    def session_for(self, rollout_id):
+        if not self.per_rollout or rollout_id is None:
+            return self.session
+        s = self.rollout_sessions.get(rollout_id)
+        if s is None:
+            s = self.rollout_sessions[rollout_id] = self._new_session()
+        return s
+
+    async def end_rollout(self, rollout_id):
+        s = self.rollout_sessions.pop(rollout_id, None)
+        if s is not None:
+            await s.close()
+
     async def close(self):
+        for rid in list(self.rollout_sessions):
+            await self.end_rollout(rid)
         if self.session is not None:
             await self.session.close()
             self.session = None
@@ -402,7 +429,7 @@ class GymClient:
                     kwargs["headers"] = headers
                 if json_body is not None:
                     kwargs["json"] = json_body
-                async with self.session.request(method, url, **kwargs) as resp:
+                async with self.session_for(rollout_id).request(method, url, **kwargs) as resp:
                     local, remote = _CALL_SOCKET.get() or (None, None)
                     if stream and resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                         body = await read_sse(resp)
@@ -515,6 +542,10 @@ def serve(app, cfg, args, client=None):
         if "reset_contextvars" not in inspect.signature(uvicorn.Config).parameters:
             sys.exit(f"--reset-contextvars: uvicorn {uvicorn.__version__} has no reset_contextvars (0.45 and later do)")
         extra["reset_contextvars"] = True
+    if os.environ.get("GYMTRACE_TEST_LOG_READS") and args.http == "httptools":
+        import readlog
+
+        readlog.install()
     config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, http=args.http, loop=args.loop,
         timeout_keep_alive=30, log_level="warning", access_log=False, lifespan="on", **extra,

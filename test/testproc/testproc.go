@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -201,4 +203,32 @@ func OpenELF(t testing.TB, path string) *elf.File {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// Slow scales a test's waits for a slow machine: GYMTRACE_TEST_TIME_SCALE
+// (a factor, default 1; scripts/kernel-matrix-guest sets 10 under QEMU's
+// TCG). Deadlines only: they bound how long a test waits for something, no
+// test asserts that anything took less.
+func Slow(d time.Duration) time.Duration {
+	f, err := strconv.ParseFloat(os.Getenv("GYMTRACE_TEST_TIME_SCALE"), 64)
+	if err != nil || f < 1 {
+		return d
+	}
+	return time.Duration(float64(d) * f)
+}
+
+// Prebuilt is the binary name from GYMTRACE_TEST_BIN_DIR, where a test run
+// without a writable Go cache (a QEMU guest of scripts/kernel-matrix) finds
+// what it would otherwise `go build`; "" when that variable is not set.
+func Prebuilt(t testing.TB, name string) string {
+	t.Helper()
+	dir := os.Getenv("GYMTRACE_TEST_BIN_DIR")
+	if dir == "" {
+		return ""
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("GYMTRACE_TEST_BIN_DIR=%s has no %s: %v", dir, name, err)
+	}
+	return p
 }
