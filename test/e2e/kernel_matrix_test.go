@@ -58,7 +58,7 @@ func TestKernelMatrix(t *testing.T) {
 
 // The features of the table, in its order.
 var kmFeatureNames = []string{"groups gate", "capture", "joins", "asyncio parents", "uvloop parents",
-	"rollout ids", "reward", "TLS", "lifecycle", "injection"}
+	"rollout ids", "reward", "TLS", "lifecycle", "injection", kmTwoNodeFeature}
 
 type kmFeature struct {
 	On       bool
@@ -117,10 +117,13 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 		kmMargins(t, string(b))
 	}
 	phases, asked := kmAsked(t, dir)
+	kmTwoNode(t, dir, phases, check, k.Release, k) // asserted there, its own phase
 	if !slices.Contains(phases, "trace") {
 		why := fmt.Sprintf("no traced run here (phases %s)", strings.Join(phases, ","))
 		for _, f := range kmFeatureNames {
-			k.Features[f] = kmFeature{NotRun: why}
+			if f != kmTwoNodeFeature {
+				k.Features[f] = kmFeature{NotRun: why}
+			}
 		}
 		t.Logf("features not measured: %s", why)
 		return
@@ -290,6 +293,9 @@ func kmJudge(t *testing.T, dir string, k *kmKernel, caus *[]string) {
 	}
 	for _, f := range kmFeatureNames {
 		ft, ok := k.Features[f]
+		if f == kmTwoNodeFeature {
+			continue // judged by kmTwoNode
+		}
 		if !ok {
 			t.Errorf("feature %s: not measured", f)
 			continue
