@@ -319,6 +319,7 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		inIndex[r.ID] = i
 	}
 	traceRollouts := map[string]map[string]bool{}
+	traceSpans := map[string]map[string][]string{} // trace -> rollout -> its spans there, for a shared trace's finding
 	for _, s := range spans {
 		traceRollouts[s.TraceID] = nil
 	}
@@ -377,6 +378,10 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 				traceRollouts[s.TraceID] = map[string]bool{}
 			}
 			traceRollouts[s.TraceID][rid] = true
+			if traceSpans[s.TraceID] == nil {
+				traceSpans[s.TraceID] = map[string][]string{}
+			}
+			traceSpans[s.TraceID][rid] = append(traceSpans[s.TraceID][rid], s.String())
 			if v := s.Attr("nemo.gym.rollout.id"); v != "" {
 				sc.RolloutIDSpans++
 				if v != rid {
@@ -400,9 +405,20 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 			sc.example("rollout %s: %d spans in %d traces", rid, len(rs), len(ids))
 		}
 	}
-	for _, rollouts := range traceRollouts {
+	for tid, rollouts := range traceRollouts {
 		if len(rollouts) > 1 {
 			sc.SharedTraces++
+			// Which spans put each rollout there: the fewest name the stray.
+			var parts []string
+			for rid, ss := range traceSpans[tid] {
+				if len(ss) > 3 {
+					parts = append(parts, fmt.Sprintf("rollout %s: %d spans", rid, len(ss)))
+				} else {
+					parts = append(parts, fmt.Sprintf("rollout %s: %s", rid, strings.Join(ss, ", ")))
+				}
+			}
+			sort.Strings(parts)
+			sc.wrong("trace %s holds %d rollouts: %s", tid, len(rollouts), strings.Join(parts, "; "))
 		}
 	}
 	return sc
