@@ -9,7 +9,7 @@
 #define GT_PEEK 16
 // The header scan's first window: most header blocks fit in it.
 #define GT_HDR_FIRST 512
-#define GT_MAX_STEPS_PER_BUF 32 // parse steps (start, headers, body) inside one syscall buffer
+#define GT_MAX_STEPS_PER_BUF 128 // parse steps (start, headers, body; a walked chunk of a model exchange takes one) inside one syscall buffer
 #define GT_MAX_IOV_SEGS 4 // iovec segments parsed per vectored syscall; bytes past them: gt_iov_rest
 #define GT_MAX_CHUNKS_PER_BUF 16
 #define GT_MAX_HDR_BYTES (16 * 1024) // header blocks larger than this lose framing

@@ -1,4 +1,5 @@
-// GenAI values of a model server's exchanges, read in the kernel: the
+// GenAI values of a model server's exchanges (and of its own calls upstream),
+// read in the kernel: the
 // request's "model", the response's "model" and its input and output token
 // counts, for the three dialects Gym's model servers serve (chat completions,
 // responses, messages), JSON or SSE. Only those values leave this file, in a
@@ -122,13 +123,14 @@ struct gt_jscan {
 
 // The state of a model exchange on one connection (gt_genai, by conn_id).
 struct gt_genai {
-	struct gt_jscan js[2]; // [0] bytes read, [1] written: a server reads requests
+	struct gt_jscan js[2]; // [0] the request's body, [1] the response's (flip maps syscall directions)
 	__u64 seq;             // the request these values belong to
 	__u8 dialect;          // enum gt_genai_dialect
 	__u8 have;             // bit per field: its value is kept
 	__u8 seen;             // bit per field: met at least once
 	__u8 why[4];           // per field: enum gt_ga_why when not kept
 	__u8 wdir;             // the direction being walked (gt_ga_window, gt_ga_step)
+	__u8 flip;             // a CLIENT call: its request is written (syscall dir 1), its response read
 	__u32 wn;              // the window's bytes in the scratch
 	__u32 wlen;            // the buffer's bytes
 	__u64 wubuf;           // the buffer
@@ -185,8 +187,9 @@ GT_LOOP_FN gt_ga_window(int w, struct gt_ga_walk *cx)
 }
 
 // Walks len body bytes (a Content-Length body's, or a chunk's data) at ubuf
-// of the model exchange on connection conn_id in direction dir, a window of
-// the scratch at a time.
+// of the model exchange on connection conn_id, read (dir 0) or written (dir
+// 1; its request or its response by the connection's side: flip), a window
+// of the scratch at a time.
 __noinline int gt_scan_genai(__u64 conn_id, __u32 dir, __u64 ubuf, __u32 len)
 {
 #ifdef GT_K510
@@ -195,6 +198,7 @@ __noinline int gt_scan_genai(__u64 conn_id, __u32 dir, __u64 ubuf, __u32 len)
 	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &conn_id);
 	if (!g)
 		return 0;
+	dir ^= g->flip & 1;
 	struct gt_jscan *js = &g->js[dir & 1];
 	if (js->mode == GT_JM_DEAD)
 		return 0;
@@ -220,22 +224,90 @@ __noinline int gt_genai_cut(__u64 conn_id, __u8 dir)
 {
 	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &conn_id);
 	if (g) {
+		dir ^= g->flip & 1;
 		g->js[dir & 1].cut = 1;
 		g->js[dir & 1].mode = GT_JM_DEAD;
 	}
 	return 0;
 }
 
-// A model request (index seq) starts on server connection c: its walk and
-// values begin. The route the gate just looked up (the scratch's route key:
-// "/v1/" then chat/completions, responses or messages) names the dialect.
-GT_GLOBAL int gt_genai_begin(struct gt_conn *c, __u64 seq)
+// The route key of a model server's CLIENT request (c->req), as
+// gt_route_key_from makes a SERVER's (/ng-rollout/<id> stripped), under the
+// model role, its two scans bpf_loop callbacks: checked once each, not once
+// per byte (a bounded build's unrolled copy of gt_route_key_from here cost
+// every syscall program ~36,000 more verified instructions).
+struct gt_ga_rk {
+	struct http_event *ev;
+	struct gt_route_key *k;
+	__u32 at; // where the route starts
+};
+
+GT_LOOP_FN gt_ga_rk_find(int j, struct gt_ga_rk *cx)
+{
+	__u32 i = (__u32)j + 12; // after "/ng-rollout/"
+	if (cx->ev->path[i & (GT_PATH_MAX - 1)] != '/')
+		return 0;
+	cx->at = i;
+	return 1;
+}
+
+GT_LOOP_FN gt_ga_rk_copy(int j, struct gt_ga_rk *cx)
+{
+	__u32 src = cx->at + (__u32)j;
+	if (src >= cx->ev->path_len)
+		return 1;
+	cx->k->path[j & 63] = cx->ev->path[src & (GT_PATH_MAX - 1)];
+	return 0;
+}
+
+static __always_inline void gt_ga_route_key(struct gt_route_key *k, struct http_event *ev)
+{
+	const char pre[] = "/ng-rollout/";
+	__u8 diff = ev->path_len > sizeof(pre) ? 0 : 1;
+#pragma unroll
+	for (int j = 0; j < (int)sizeof(pre) - 1; j++)
+		diff |= ev->path[j] ^ pre[j];
+	__builtin_memset(k, 0, sizeof(*k));
+	k->role = GT_ROLE_MODEL;
+	k->method = ev->method;
+	struct gt_ga_rk cx = {.ev = ev, .k = k, .at = 0};
+	if (!diff)
+		gt_loop(GT_PATH_MAX - 12, gt_ga_rk_find, &cx);
+	gt_loop(GT_ROUTE_PATH_MAX, gt_ga_rk_copy, &cx);
+}
+
+// A model request (index seq) starts on connection c, a model server's
+// SERVER exchange or its CLIENT call upstream: its walk and values begin.
+// The route the gate just looked up (the scratch's route key: "/v1/" then
+// chat/completions, responses or messages) names the dialect; a CLIENT
+// call's route is looked up here.
+GT_GLOBAL int gt_genai_begin(struct gt_conn *c, struct gt_io *io, __u64 seq, __u64 groups)
 {
 	__u32 zero = 0;
+	if (!c || !io)
+		return 0;
+	if (c->side == GT_SIDE_SERVER && !(groups & GT_GROUP_MODEL_CALL))
+		return 0;
+	// A model server's CLIENT call upstream, with http_client on for it
+	// (--genai and model_call or rollout were checked by the caller).
+	if (c->side != GT_SIDE_SERVER && (io->role != GT_ROLE_MODEL || !(io->mask & GT_GROUP_HTTP_CLIENT)))
+		return 0;
 	struct gt_scratch *sc = gt_get_scratch();
 	struct gt_genai *z = bpf_map_lookup_elem(&gt_genai_zero, &zero);
-	if (!c || !sc || !z)
+	if (!sc || !z)
 		return 0;
+	if (c->side != GT_SIDE_SERVER) {
+#ifdef GT_K510
+		return 0; // nothing to walk with (gt_scan_genai)
+#endif
+		// A model call when the route table gives its path (under the
+		// model role, /ng-rollout/<id> stripped) model_call: the decision
+		// a SERVER exchange gets.
+		gt_ga_route_key(&sc->route_key, &c->req);
+		__u64 *rg = bpf_map_lookup_elem(&gt_routes, &sc->route_key);
+		if (!rg || !(*rg & GT_GROUP_MODEL_CALL))
+			return 0;
+	}
 	__u8 r = sc->route_key.path[4];
 	__u8 dialect = r == 'c' ? GT_GENAI_CHAT : r == 'r' ? GT_GENAI_RESPONSES : r == 'm' ? GT_GENAI_MESSAGES : 0;
 	if (!dialect)
@@ -243,13 +315,14 @@ GT_GLOBAL int gt_genai_begin(struct gt_conn *c, __u64 seq)
 	__builtin_memset(z, 0, sizeof(*z));
 	z->seq = seq;
 	z->dialect = dialect;
+	z->flip = c->side != GT_SIDE_SERVER;
 	z->js[0].vfield = 0xff;
 	z->js[1].vfield = 0xff;
 	__u64 id = c->conn_id;
 	if (bpf_map_update_elem(&gt_genai, &id, z, BPF_ANY))
 		return 0;
 	c->genai_ring |= 1ULL << (seq & 63);
-	c->dir[0].scan_genai = 1; // a server reads its requests
+	c->dir[c->side == GT_SIDE_SERVER ? 0 : 1].scan_genai = 1; // the request's: a server reads it, a client writes it
 	return 1;
 }
 
@@ -275,7 +348,8 @@ static __always_inline void gt_ga_count(struct gt_genai *g, __u32 f)
 	gt_stat_add(GT_STAT_GENAI_ABSENT + (why & 3), 1);
 }
 
-// The request's body ended (dir 0) or the response's (dir 1): settle its
+// The body read (dir 0) or written (dir 1) ended, the request's or the
+// response's by the connection's side (flip): settle its
 // fields, and with the response emit the record.
 GT_GLOBAL int gt_genai_end(struct gt_conn *c, struct gt_io *io, __u32 dir)
 {
@@ -285,6 +359,7 @@ GT_GLOBAL int gt_genai_end(struct gt_conn *c, struct gt_io *io, __u32 dir)
 	struct gt_genai *g = bpf_map_lookup_elem(&gt_genai, &id);
 	if (!g)
 		return 0;
+	dir ^= g->flip & 1;
 	struct gt_jscan *js = &g->js[dir & 1];
 	int whole = gt_ga_whole(js);
 	// Pipelining: a later request began (and took the entry) before this

@@ -86,8 +86,8 @@ static __always_inline int gt_k510_scan_rollout(__u64 ubuf, __u32 len)
 	return 0;
 }
 
-GT_K510_CI(gt_genai_begin, (__u64 seq), 0, c, seq)
-#define gt_genai_begin(c, ...) gt_genai_begin_k510(__VA_ARGS__)
+GT_K510_CI(gt_genai_begin, (__u64 seq, __u64 groups), 0, c, io, seq, groups)
+#define gt_genai_begin(c, io, ...) gt_genai_begin_k510(__VA_ARGS__)
 GT_K510_CI(gt_genai_end, (__u32 dir), 0, c, io, dir)
 #define gt_genai_end(c, io, ...) gt_genai_end_k510(__VA_ARGS__)
 // The TLS programs, its other caller, are left out of this build's load.

@@ -23,6 +23,7 @@ static __always_inline void gt_reset_dir(struct gt_dir *d, __u64 now)
 	d->scan_rollout = 0;
 	d->scan_reward = 0;
 	d->scan_genai = 0;
+	d->size_part = 0;
 	d->remaining = 0;
 	d->body_len = 0;
 	d->start_ns = now;
@@ -124,13 +125,14 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	// reward (groups come from the route table on the server side only).
 	if ((groups & GT_GROUP_VERIFY) && (io->mask & GT_GROUP_VERIFY) && (io->cfg_flags & GT_CFG_REWARD))
 		c->reward_ring |= bit;
-	// A model call this server answers: its bodies are walked for model
-	// names and token counts (bpf/http_genai.h), for gym.model.* spans or
-	// for the rollout's totals. The route ("/v1/" then chat/completions,
-	// responses or messages) names the dialect.
-	if ((groups & GT_GROUP_MODEL_CALL) && (io->mask & (GT_GROUP_MODEL_CALL | GT_GROUP_ROLLOUT)) &&
-	    (io->cfg_flags & GT_CFG_GENAI))
-		gt_genai_begin(c, idx);
+	// A model call this server answers, or a model server's own call
+	// upstream (a CLIENT request: gt_genai_begin decides): its bodies are walked for model names and token
+	// counts (bpf/http_genai.h), for gym.model.* spans and the rollout's
+	// totals, or for the upstream CLIENT span. The route ("/v1/" then
+	// chat/completions, responses or messages) names the dialect.
+	if ((groups & (GT_GROUP_MODEL_CALL | GT_GROUP_HTTP_CLIENT)) &&
+	    (io->mask & (GT_GROUP_MODEL_CALL | GT_GROUP_ROLLOUT)) && (io->cfg_flags & GT_CFG_GENAI))
+		gt_genai_begin(c, io, idx, groups);
 	io->hdr_first = 1;
 	gt_prof_end(GT_PROF_START_REQ, t0);
 	return gt_headers(c, io, ubuf, avail);
@@ -241,6 +243,13 @@ GT_GLOBAL int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 o
 		sc->loops.cnl = -1;
 		sc->loops.cdigits = 0;
 		sc->loops.cext = 0;
+		if (d->size_part) {
+			// The line began at the end of the previous buffer.
+			sc->loops.csize = d->size_acc;
+			sc->loops.cdigits = d->size_part - 1;
+			sc->loops.cext = d->size_ext;
+			d->size_part = 0;
+		}
 		int j;
 		gt_for(j, 0, GT_PEEK)
 		{
@@ -263,15 +272,27 @@ GT_GLOBAL int gt_chunks(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 o
 				v = ch - '0';
 			else if (lc >= 'a' && lc <= 'f')
 				v = lc - 'a' + 10;
-			else
+			else {
+				sc->loops.cdigits = 0; // not a size line (the error below)
 				break;
+			}
 			sc->loops.csize = (sc->loops.csize << 4) | v;
 			sc->loops.cdigits++;
 		}
 		__s32 nl = sc->loops.cnl;
 		__u64 size = sc->loops.csize;
+		if (nl < 0 && n == avail && n < GT_PEEK && sc->loops.cdigits && sc->loops.cdigits <= 7) {
+			// The buffer ends inside the size line: what it held of it
+			// is kept, the next buffer goes on with it (a reader's read
+			// of a large chunked body can end anywhere).
+			d->size_acc = (__u32)sc->loops.csize;
+			d->size_part = sc->loops.cdigits + 1;
+			d->size_ext = sc->loops.cext;
+			sc->loops.chunk_off = len;
+			return len;
+		}
 		if (nl < 0 || !sc->loops.cdigits) {
-			// A size line split across syscalls, or not chunked framing
+			// A size line longer than GT_PEEK, or not chunked framing
 			// after all: framing is lost here. The caller looks for a
 			// message start at this offset.
 			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
@@ -536,6 +557,11 @@ GT_GLOBAL int gt_process(struct gt_conn *c, struct gt_io *io, __u64 ubuf, __u32 
 		struct gt_dir *d = &c->dir[io->dir & 1];
 		if (d->phase == GT_PH_CHUNKED || d->phase == GT_PH_HEADERS) {
 			gt_stat_add(GT_STAT_PARSE_ERROR, 1);
+			if (d->scan_genai) {
+				// Its walk ends unsure: counted as incomplete, not lost.
+				gt_genai_cut(c->conn_id, io->dir);
+				gt_genai_end(c, io, io->dir);
+			}
 			gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
 			d->phase = GT_PH_SKIP;
 		}

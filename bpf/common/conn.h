@@ -42,7 +42,13 @@ struct gt_dir {
 	// this direction (gt_pos_check), when gt_conn.pos_ok says it is known.
 	__u32 next_pos;
 	__u8 scan_genai;   // walk this model exchange's body for its GenAI values (genai_ring, bpf/http_genai.h)
-	__u8 _pad[7];
+	// A chunk-size line cut by the end of a syscall's buffer (a reader's
+	// read can end anywhere): its digits so far + 1 (0: none), whether its
+	// extension began, and its value so far; the next buffer goes on with it.
+	__u8 size_part;
+	__u8 size_ext;
+	__u8 _pad;
+	__u32 size_acc;
 	__u64 remaining;
 	__u64 body_len;
 	__u64 start_ns;

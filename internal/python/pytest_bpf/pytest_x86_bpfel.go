@@ -51,7 +51,10 @@ type pytestGtConn struct {
 		ScanReward  uint8
 		NextPos     uint32
 		ScanGenai   uint8
-		Pad         [7]uint8
+		SizePart    uint8
+		SizeExt     uint8
+		Pad         uint8
+		SizeAcc     uint32
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64

@@ -51,7 +51,10 @@ type tlstestGtConn struct {
 		ScanReward  uint8
 		NextPos     uint32
 		ScanGenai   uint8
-		Pad         [7]uint8
+		SizePart    uint8
+		SizeExt     uint8
+		Pad         uint8
+		SizeAcc     uint32
 		Remaining   uint64
 		BodyLen     uint64
 		StartNs     uint64
@@ -214,8 +217,11 @@ type tlstestGtGenai struct {
 	Seen    uint8
 	Why     [4]uint8
 	Wdir    uint8
+	Flip    uint8
+	_       [3]byte
 	Wn      uint32
 	Wlen    uint32
+	_       [4]byte
 	Wubuf   uint64
 	Mlen    [2]uint16
 	Tok     [2]uint32
