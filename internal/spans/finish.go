@@ -157,6 +157,13 @@ func (b *Builder) finishClient(out *outbound) {
 	if out.unresolved != "" {
 		attrs = append(attrs, attribute.String("gymtrace.parent.unresolved", out.unresolved))
 	}
+	// A model server's own call upstream (the kernel walks no other CLIENT
+	// exchange): its GenAI values, marked upstream; never a rollout's
+	// (countMadeCall, addToRollout) nor Gym's metrics' (no Measures.GenAI).
+	if x.GenAI != nil {
+		attrs = genaiAttrs(attrs, x.GenAI)
+		attrs = append(attrs, attribute.Bool("nemo.gym.model.upstream", true))
+	}
 	// Gym's client spans are ERROR on exceptions (connection failures), never
 	// on an HTTP error status.
 	var status codes.Code

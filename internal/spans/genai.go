@@ -15,8 +15,10 @@ import (
 // the model names and token counts the kernel read from a model server's
 // exchanges (http.GenAI) go on the call's gym.model.* span (its SERVER span
 // when model_call is off), and add up on the gym.rollout span of the /run
-// whose handler made the call. Only the model server's SERVER exchanges are
-// read, so each token is counted once.
+// whose handler made the call. Only the model server's SERVER exchanges add
+// up, so each token is counted once: its own CLIENT calls upstream (vLLM, an
+// OpenAI endpoint) get the same attributes on their CLIENT spans (finish.go,
+// with nemo.gym.model.upstream) and are neither calls made nor calls counted.
 
 // rolloutSum is what a rollout's model calls add up to (on its /run inbound).
 type rolloutSum struct {
@@ -95,10 +97,11 @@ var modelRoutes = map[string]bool{"/v1/chat/completions": true, "/v1/responses":
 // countMadeCall counts an agent's finished call to a model server in its
 // rollout's calls made: a model route addressed to another process than the
 // agent (whose own /v1/responses is a model route's path too): not to the
-// port its /run came in on.
+// port its /run came in on, nor made by a model call's handler (the model
+// server's call upstream, which the walk from it would reach the /run by).
 func countMadeCall(out *outbound) {
-	if out.via == nil {
-		return
+	if out.via == nil || isModelCall(out.via) {
+		return // a model server's handler calling upstream: the agent's call is the one made
 	}
 	rest, _ := groups.StripRolloutPrefix(out.x.Path)
 	if !modelRoutes[rest] || out.x.Method != "POST" {

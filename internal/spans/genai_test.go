@@ -138,3 +138,82 @@ func TestRolloutTotalsNeedEveryCallMade(t *testing.T) {
 		t.Errorf("rollout with a call unseen: %v", ro[0].Attrs)
 	}
 }
+
+// genaiClient feeds the kernel's GenAI record for the client side of k (a
+// model server's call upstream), before the response record.
+func (k *call) genaiClient(dialect uint8, req, resp string, in, out uint32) {
+	ev := loader.GenAIEvent{Kind: loader.EvGenAI, Dialect: dialect, ConnId: k.c.cliConn, Seq: k.seq,
+		Have:        loader.GenAIReqModel | loader.GenAIRespModel | loader.GenAIInput | loader.GenAIOutput,
+		InputTokens: in, OutputTokens: out}
+	ev.ReqModelLen = uint16(copy(ev.ReqModel[:], req))
+	ev.RespModelLen = uint16(copy(ev.RespModel[:], resp))
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&ev)), loader.GenAIEventSize)
+	if _, err := k.c.s.p.Process(raw); err != nil {
+		k.c.s.t.Fatal(err)
+	}
+}
+
+// A model server's calls upstream (to an untraced vLLM) carry their own
+// GenAI values on their CLIENT spans, marked upstream, and add nothing to
+// the rollout: its calls and sums are the model server's SERVER exchanges',
+// and Gym's metrics get no GenAI measures from them.
+func TestUpstreamModelCallsNotCounted(t *testing.T) {
+	for _, spec := range []string{"per_rollout", "default"} {
+		t.Run(spec, func(t *testing.T) {
+			s := newSim(t, spec)
+			g := newGymStack(s, false)
+			const pidUpstream = 500 // not traced
+			up := s.dial(pidModel, pidUpstream, "10.0.0.9:8000")
+			run := g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1))
+			resp := g.agentSelf[0].request(loader.MethodPOST, "/v1/responses")
+			for j, c := range [][2]uint32{{100, 7}, {250, 9}} {
+				k := g.agentMod[0].request(loader.MethodPOST, "/v1/chat/completions")
+				u := up.request(loader.MethodPOST, "/ng-rollout/1-0/v1/messages")
+				u.genaiClient(loader.DialectMessages, "up", "up-r", 5000+uint32(j), 600)
+				u.respond(200)
+				k.genai("m", "m-2", c[0], c[1])
+				k.respond(200)
+			}
+			resp.respond(200)
+			run.respond(200)
+			var ups int
+			for _, sp := range s.spans {
+				if sp.Proc == nil || sp.Proc.PID != pidModel || sp.Name != "HTTP POST" {
+					continue
+				}
+				ups++
+				mustAttr(t, sp, "nemo.gym.model.upstream", true)
+				mustAttr(t, sp, "gen_ai.operation.name", "chat")
+				mustAttr(t, sp, "gen_ai.provider.name", "anthropic")
+				mustAttr(t, sp, "gen_ai.request.model", "up")
+				mustAttr(t, sp, "gen_ai.response.model", "up-r")
+				mustAttr(t, sp, "gen_ai.usage.output_tokens", int64(600))
+				if v, _ := attr(sp, "gen_ai.usage.input_tokens"); v.AsInt64() < 5000 {
+					t.Errorf("upstream input tokens %v", sp.Attrs)
+				}
+				if sp.Measures.GenAI != nil {
+					t.Errorf("an upstream call with GenAI measures: %+v", sp.Measures.GenAI)
+				}
+			}
+			if ups != 2 {
+				t.Errorf("%d upstream CLIENT spans, want 2", ups)
+			}
+			for _, sp := range s.spans {
+				if sp.Name == "HTTP POST" && sp.Proc != nil && sp.Proc.PID == pidAgent {
+					noAttr(t, sp, "nemo.gym.model.upstream")
+					noAttr(t, sp, "gen_ai.request.model")
+				}
+			}
+			ro := spanNamed(s.spans, "gym.rollout")
+			if len(ro) != 1 {
+				t.Fatalf("%d gym.rollout spans", len(ro))
+			}
+			mustAttr(t, ro[0], "nemo.gym.rollout.model_calls", int64(2))
+			mustAttr(t, ro[0], "nemo.gym.rollout.input_tokens", int64(350))
+			mustAttr(t, ro[0], "nemo.gym.rollout.output_tokens", int64(16))
+			if m := ro[0].Measures.Rollout; m == nil || m.ModelCalls != 2 || m.InputTokens != 350 || len(m.TurnGapsMs) != 1 {
+				t.Errorf("rollout measures %+v", m)
+			}
+		})
+	}
+}
