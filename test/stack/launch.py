@@ -89,6 +89,9 @@ def parse_args(argv, prog=None, description=None):
     p.add_argument("--path-prepend", action="append", default=[], help="directory put first on the servers' PATH (repeatable)")
     p.add_argument("--fakebin", action="store_true", help="put test/stack/fakebin (fake docker/apptainer/enroot) first on PATH")
     p.add_argument("--model-latency-ms", type=float, default=5.0, help="model sleep per call")
+    p.add_argument("--model-upstream", action="store_true",
+                   help="the model server forwards each --genai call to a fake upstream LLM (upstream.py), "
+                        "a process apart, not a Gym server (its ready entry: servers.upstream)")
     p.add_argument("--base-middleware", choices=["responses", "all", "none"], default="responses",
                    help="agent routes behind a BaseHTTPMiddleware")
     p.add_argument("--rewards", choices=["binary", "varied"], default="binary",
@@ -139,6 +142,8 @@ def server_flags(a, kind):
         flags += ["--truth", a.truth]
     if kind == "model":
         flags += ["--latency-ms", str(a.model_latency_ms)]
+        if a.model_upstream:
+            flags += ["--upstream", a.upstream_url]
     if kind == "agent":
         flags += ["--base-middleware", a.base_middleware]
     if a.gym_telemetry != "off":
@@ -192,9 +197,32 @@ def python_pid(proc, entry, deadline):
     return None
 
 
+def start_upstream(a, log_dir, servers, exclude):
+    """The fake upstream LLM (--model-upstream): no Gym environment, so
+    nothing takes it for a Gym server."""
+    port = stacklib.free_port(a.host, exclude=exclude)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEMO_GYM_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    in_place = os.path.realpath(a.stack_dir) == HERE
+    entry = "upstream.py" if in_place else os.path.join(a.stack_dir, "upstream.py")
+    argv = shlex.split(a.python) + [entry, "--host", a.host, "--port", str(port), "--http", a.http, "--loop", a.loop]
+    logf = os.path.join(log_dir, "upstream.log")
+    with open(logf, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=HERE if in_place else None, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    url = f"http://{stacklib.host_for_url(a.host)}:{port}"
+    servers["upstream"] = {"kind": "upstream", "name": "fake_upstream", "type": "upstream", "proc": proc,
+                           "pid": proc.pid, "host": a.host, "port": port, "url": url, "log": logf,
+                           "entry": "upstream.py"}
+    a.upstream_url = url
+    wait_ready(a, servers["upstream"])
+
+
 def start_servers(a, ports, log_dir, servers):
     """Starts the servers in order, adding each to servers as soon as it runs
     so the caller can stop what started when a later one fails."""
+    if a.model_upstream:
+        start_upstream(a, log_dir, servers, set(ports.values()))
     cfg_yaml = stacklib.yaml.safe_dump(gym_config(a, ports), sort_keys=False)
     path = list(a.path_prepend)
     if a.fakebin:

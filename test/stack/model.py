@@ -6,6 +6,13 @@ body the answer is an SSE stream (chunked transfer encoding) of several events
 with small sleeps between them, like an upstream LLM.
 
 Test knobs in the request's "metadata": {"gt_fail": 500} answers that status.
+
+With --upstream URL (launch.py --model-upstream), each --genai call is first
+forwarded to that fake upstream LLM endpoint (upstream.py), as a Gym model
+server calls vLLM or OpenAI: the same body and route with "u-" before the
+model (every odd turn's under /ng-rollout/<id>), the answer read whole, then
+the call answered as without it (issue 40: the upstream CLIENT exchange gets
+its own GenAI values and adds nothing to the rollout).
 """
 
 import asyncio
@@ -103,7 +110,21 @@ async def stream_events(kind, payload, chunks, gap_s):
         yield sse("response.completed", {"type": "response.completed", "response": payload})
 
 
-def build_app(cfg, truth, client, latency_s, chunks, chunk_gap_s):
+ROUTE_OF = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+async def call_upstream(client, upstream, request, kind, body, gf):
+    model = str(body.get("model"))
+    fwd = dict(body)  # the same key order: "model" after the conversation
+    fwd["model"] = "u-" + model
+    prefix = "/ng-rollout/" + model.rsplit("-t", 1)[0] if model[-1:] in "13579" else ""
+    r = await client.post(upstream + prefix + ROUTE_OF[kind], cause=request.scope.get("gt_inbound"), json_body=fwd,
+                          stream=bool(gf.get("stream")))
+    if r.status != 200:
+        raise RuntimeError(f"upstream answered {r.status}")
+
+
+def build_app(cfg, truth, client, latency_s, chunks, chunk_gap_s, upstream=None):
     app = FastAPI()
     app.add_middleware(SessionMiddleware, secret_key="gymtrace-test",
                        session_cookie=stacklib.session_cookie_name(CLASS_NAME, cfg.name))
@@ -119,6 +140,8 @@ def build_app(cfg, truth, client, latency_s, chunks, chunk_gap_s):
             return JSONResponse({"error": {"message": "injected failure", "type": "server_error"}}, status_code=int(fail))
         gf = (body.get("metadata") or {}).get("gt_genai")
         if gf:
+            if upstream:
+                await call_upstream(client, upstream, request, kind, body, gf)
             return GenAIResponse(gf, str(body.get("model")), tool_args(body))
         payload = build(body)
         pad = int((body.get("metadata") or {}).get("gt_pad_kib", 0))
@@ -154,12 +177,14 @@ def main():
     p.add_argument("--latency-ms", type=float, default=5.0, help="sleep per model call (default 5)")
     p.add_argument("--stream-chunks", type=int, default=5, help="delta events per streamed answer (default 5)")
     p.add_argument("--chunk-gap-ms", type=float, default=2.0, help="sleep between streamed events (default 2)")
+    p.add_argument("--upstream", help="forward each --genai call to this fake upstream LLM first (upstream.py)")
     args = p.parse_args()
     cfg = stacklib.load_server_config("model", args)
     cfg.args = args
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
     client = stacklib.GymClient(truth)
-    app = build_app(cfg, truth, client, args.latency_ms / 1000, args.stream_chunks, args.chunk_gap_ms / 1000)
+    app = build_app(cfg, truth, client, args.latency_ms / 1000, args.stream_chunks, args.chunk_gap_ms / 1000,
+                    args.upstream)
     stacklib.serve(app, cfg, args, client)
 
 
