@@ -173,17 +173,7 @@ func runGenAI(t *testing.T, stackArgs []string, groups string) {
 		t.Errorf("gen_ai.client.token.usage made with model_call off: %d values", c)
 	}
 	// OTLP: the sink's metrics service received the same sums.
-	sinkOut := strings.TrimSuffix(sk.out, filepath.Ext(sk.out)) + ".metrics.jsonl"
-	var pts map[string]map[int]sinkPoint
-	waitFor(t, 20*time.Second, "the OTLP sink to receive every rollout's token sums", func() bool {
-		pts = sinkLatest(t, sinkOut)
-		return pts[gymRolloutInput][agent].Count >= n && pts[gymRolloutOutput][agent].Count >= n
-	})
-	for name, want := range map[string]int{gymRolloutInput: wantIn, gymRolloutOutput: wantOut} {
-		if p := pts[name][agent]; p.Count != n || int(anyFloat(p.Sum)) != want {
-			t.Errorf("OTLP %s: %d rollouts, sum %v; want %d, %d", name, p.Count, p.Sum, n, want)
-		}
-	}
+	checkSinkRolloutTokens(t, sk.out, agent, n, wantIn, wantOut)
 	gt.settle(t, 1)
 	gt.shutdown(t)
 
@@ -249,4 +239,21 @@ func hasLabel[L interface {
 		}
 	}
 	return false
+}
+
+// checkSinkRolloutTokens: the OTLP sink's metrics (beside its spans file
+// out) reach n rollouts for agent, summing to wantIn and wantOut tokens.
+func checkSinkRolloutTokens(t *testing.T, out string, agent int, n uint64, wantIn, wantOut int) {
+	t.Helper()
+	sinkOut := strings.TrimSuffix(out, filepath.Ext(out)) + ".metrics.jsonl"
+	var pts map[string]map[int]sinkPoint
+	waitFor(t, 20*time.Second, "the OTLP sink to receive every rollout's token sums", func() bool {
+		pts = sinkLatest(t, sinkOut)
+		return pts[gymRolloutInput][agent].Count >= n && pts[gymRolloutOutput][agent].Count >= n
+	})
+	for name, want := range map[string]int{gymRolloutInput: wantIn, gymRolloutOutput: wantOut} {
+		if p := pts[name][agent]; p.Count != n || int(anyFloat(p.Sum)) != want {
+			t.Errorf("OTLP %s: %d rollouts, sum %v; want %d, %d", name, p.Count, p.Sum, n, want)
+		}
+	}
 }

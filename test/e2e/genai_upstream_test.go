@@ -16,7 +16,6 @@ package e2e
 
 import (
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -109,17 +108,7 @@ func runGenAIUpstream(t *testing.T, stackArgs []string, groups string) {
 	} else if c, _ := promHist(fams, "gen_ai_client_token_usage", model); c != 0 {
 		t.Errorf("gen_ai.client.token.usage made with model_call off: %d values", c)
 	}
-	sinkOut := strings.TrimSuffix(sk.out, filepath.Ext(sk.out)) + ".metrics.jsonl"
-	var pts map[string]map[int]sinkPoint
-	waitFor(t, 20*time.Second, "the OTLP sink to receive every rollout's token sums", func() bool {
-		pts = sinkLatest(t, sinkOut)
-		return pts[gymRolloutInput][agent].Count >= n && pts[gymRolloutOutput][agent].Count >= n
-	})
-	for name, want := range map[string]int{gymRolloutInput: wantIn, gymRolloutOutput: wantOut} {
-		if p := pts[name][agent]; p.Count != n || int(anyFloat(p.Sum)) != want {
-			t.Errorf("OTLP %s: %d rollouts, sum %v; want %d, %d", name, p.Count, p.Sum, n, want)
-		}
-	}
+	checkSinkRolloutTokens(t, sk.out, agent, n, wantIn, wantOut)
 	m := gt.settle(t, 1)
 	gt.shutdown(t)
 	// Both ends of every call, four fields each: read.
