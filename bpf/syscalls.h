@@ -185,9 +185,10 @@ GT_K510_I(gt_on_io_end, (long ret), 0, io, ret)
 // not there: counting the next response start as the one that went unseen
 // gives each later request on the connection its neighbour's response, and a
 // neighbour's span and parent.
-// - Inside a Content-Length body that still has more than that many bytes to
-//   come, the gap was body: skipped exactly, nothing lost (a body that ended
-//   in the gap ended unseen, at a time not known: the general rule).
+// - Inside a Content-Length body that still has at least that many bytes to
+//   come, the gap was body: skipped exactly. A body that ended exactly at the
+//   gap's end is whole and ends here (GT_F_BODY_UNKNOWN: its end time is
+//   only known to be before this syscall); a model exchange's walk is cut.
 // - Otherwise that direction's parse state starts over at its next message
 //   start. In the request direction the count of requests may now differ
 //   from the peer's (GT_GAP_FRAMING: userspace pairs by stream position
@@ -227,10 +228,24 @@ static __always_inline void gt_pos_dir(struct gt_conn *c, struct gt_io *io, int 
 	if (!known || !gap)
 		return;
 	gt_stat_add(GT_STAT_STREAM_GAP, 1);
-	if (d->phase == GT_PH_BODY_CL && gap < d->remaining) {
+	if (d->phase == GT_PH_BODY_CL && gap <= d->remaining) {
 		d->remaining -= gap;
 		d->body_len += gap;
 		gt_stat_add(GT_STAT_STREAM_GAP_BODY, 1);
+		// A model exchange's walk cannot go on over a hole: a number
+		// cut by it would read as a different one.
+		if (d->scan_genai)
+			gt_genai_cut(c->conn_id, dir);
+		if (d->remaining)
+			return;
+		// The body's last bytes were the gap (uvicorn writes a response's
+		// head and body in two syscalls, and a skipped program can miss
+		// the second): the message is whole, and ended unseen before now.
+		// Given up instead, its exchange would end at the next one's
+		// answer.
+		if (d->scan_genai)
+			gt_genai_end(c, io, dir);
+		gt_finish(c, d, io, GT_F_BODY_UNKNOWN);
 		return;
 	}
 	if (c->partial_dir == dir)

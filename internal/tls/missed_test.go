@@ -115,54 +115,74 @@ func (k *kernel) unseenWrites(t *testing.T, f func()) {
 // TestKernelUnseenBodyBytes: bytes of a Content-Length body that moved
 // unseen (a skipped program; sendfile) are skipped exactly by their stream
 // position: the response still ends where it ends, with its whole size, and
-// the next exchange keeps its index.
+// the next exchange keeps its index. In "middle" the unseen write is inside
+// the body; in "end" it is the whole body after a head written alone (as
+// uvicorn writes an answer), so the body ends unseen: the response ends at
+// the next syscall on the connection (the read of /b), flagged
+// GT_F_BODY_UNKNOWN. Before, "end"'s response was given up, and on a kernel
+// that skips programs each such span ended at the next exchange's answer.
 func TestKernelUnseenBodyBytes(t *testing.T) {
-	k, cli, srv := tracedPair(t)
-	sr, cr := bufio.NewReader(srv), bufio.NewReader(cli)
-	write := func(c net.Conn, s string) {
-		t.Helper()
-		if _, err := io.WriteString(c, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	read := func(r *bufio.Reader, n int) {
-		t.Helper()
-		if _, err := io.ReadFull(r, make([]byte, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, path := range []string{"/a", "/b"} {
-		req := "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n"
-		write(cli, req)
-		read(sr, len(req))
-		head := "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"
-		if path == "/a" {
-			// The body in three writes, the middle one unseen.
-			write(srv, head+"abc")
-			k.unseenWrites(t, func() { write(srv, "def") })
-			write(srv, "ghi")
-		} else {
-			write(srv, head+"abcdefghi")
-		}
-		read(cr, len(head)+9)
-	}
+	for _, tc := range []struct {
+		name                  string
+		before, unseen, after string
+		flag                  uint16 // on /a's response
+	}{
+		{"middle", "abc", "def", "ghi", 0},
+		{"end", "", "abcdefghi", "", loader.FlagBodyUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k, cli, srv := tracedPair(t)
+			sr, cr := bufio.NewReader(srv), bufio.NewReader(cli)
+			write := func(c net.Conn, s string) {
+				t.Helper()
+				if _, err := io.WriteString(c, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			read := func(r *bufio.Reader, n int) {
+				t.Helper()
+				if _, err := io.ReadFull(r, make([]byte, n)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, path := range []string{"/a", "/b"} {
+				req := "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n"
+				write(cli, req)
+				read(sr, len(req))
+				head := "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"
+				if path == "/a" {
+					write(srv, head+tc.before)
+					k.unseenWrites(t, func() { write(srv, tc.unseen) })
+					if tc.after != "" {
+						write(srv, tc.after)
+					}
+				} else {
+					write(srv, head+"abcdefghi")
+				}
+				read(cr, len(head)+9)
+			}
 
-	var srvResps []rawEvent
-	for _, e := range k.take(os.Getpid()) {
-		if e.ev.Side == uint8(loader.SideServer) && e.ev.Kind == testbpf.EvResponse {
-			srvResps = append(srvResps, e)
-		}
-	}
-	if len(srvResps) != 2 {
-		t.Fatalf("%d server responses, want 2", len(srvResps))
-	}
-	for i, e := range srvResps {
-		if e.ev.Seq != uint64(i) || e.ev.BodyLen != 9 {
-			t.Errorf("server response %d: index %d, body %d bytes; want index %d, 9 bytes", i, e.ev.Seq, e.ev.BodyLen, i)
-		}
-	}
-	if n := k.stat(t, testbpf.StatStreamGapBody); n != 1 {
-		t.Errorf("stream_body_gap = %d, want 1", n)
+			var srvResps []rawEvent
+			for _, e := range k.take(os.Getpid()) {
+				if e.ev.Side == uint8(loader.SideServer) && e.ev.Kind == testbpf.EvResponse {
+					srvResps = append(srvResps, e)
+				}
+			}
+			if len(srvResps) != 2 {
+				t.Fatalf("%d server responses, want 2", len(srvResps))
+			}
+			for i, e := range srvResps {
+				if e.ev.Seq != uint64(i) || e.ev.BodyLen != 9 {
+					t.Errorf("server response %d: index %d, body %d bytes; want index %d, 9 bytes", i, e.ev.Seq, e.ev.BodyLen, i)
+				}
+			}
+			if got := srvResps[0].ev.Flags & loader.FlagBodyUnknown; got != tc.flag {
+				t.Errorf("/a's response flags %#x: GT_F_BODY_UNKNOWN %#x, want %#x", srvResps[0].ev.Flags, got, tc.flag)
+			}
+			if n := k.stat(t, testbpf.StatStreamGapBody); n != 1 {
+				t.Errorf("stream_body_gap = %d, want 1", n)
+			}
+		})
 	}
 }
 
