@@ -57,6 +57,7 @@ func startInjector(kern *loader.Tracer, cfg *config.Config, log *slog.Logger, st
 		CgroupPath:  cg,
 		SampleRatio: cfg.SampleRatio,
 		Log:         log,
+		MapDo:       kern.MapDo,
 	})
 	if err != nil {
 		log.Warn("traceparent injection is off; traces will not join across nodes (run with --inject=false to silence this)",

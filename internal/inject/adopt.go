@@ -55,7 +55,7 @@ func (in *Injector) AdoptConnections(pid int) (int, error) {
 		}
 		cookie, err := unix.GetsockoptUint64(dup, unix.SOL_SOCKET, unix.SO_COOKIE)
 		if err == nil {
-			err = in.p.Socks.Update(cookie, uint64(dup), ebpf.UpdateNoExist)
+			err = in.do(func() error { return in.p.Socks.Update(cookie, uint64(dup), ebpf.UpdateNoExist) })
 		}
 		unix.Close(dup)
 		switch {
@@ -71,7 +71,7 @@ func (in *Injector) AdoptConnections(pid int) (int, error) {
 		}
 	}
 	if added > 0 {
-		if err := in.p.Procs.Put(uint32(pid), uint8(1)); err != nil {
+		if err := in.do(func() error { return in.p.Procs.Put(uint32(pid), uint8(1)) }); err != nil {
 			return added, fmt.Errorf("marking pid %d as injectable: %w", pid, err)
 		}
 	}
@@ -181,7 +181,7 @@ func (in *Injector) ReleaseConnections() error {
 		if m == nil {
 			continue
 		}
-		if err := clearMap(m); err != nil {
+		if err := clearMap(m, in.do); err != nil {
 			errs = append(errs, fmt.Errorf("emptying %s: %w", m, err))
 		}
 	}
@@ -191,7 +191,7 @@ func (in *Injector) ReleaseConnections() error {
 // clearMap deletes every key of a hash-like map. Keys are collected first
 // (deleting while walking would restart the walk), at most MaxEntries of
 // them, since the kernel may add keys meanwhile.
-func clearMap(m *ebpf.Map) error {
+func clearMap(m *ebpf.Map, mapDo func(func() error) error) error {
 	var keys [][]byte
 	var prev any
 	for len(keys) < int(m.MaxEntries()) {
@@ -205,10 +205,12 @@ func clearMap(m *ebpf.Map) error {
 		keys = append(keys, next)
 		prev = next
 	}
-	for _, k := range keys {
-		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
+	return mapDo(func() error {
+		for _, k := range keys {
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }

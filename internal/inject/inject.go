@@ -55,6 +55,10 @@ type Options struct {
 	// as the userspace sampler, so both agree on every trace id.
 	SampleRatio float64
 	Log         *slog.Logger
+	// MapDo runs the injector's map operations at run time (loader.MapOps:
+	// off the threads a kernel may preempt while one holds bpf_prog_active);
+	// nil runs them in place.
+	MapDo func(func() error) error
 }
 
 // Kernel counters (enum gt_inject_stat in bpf/common/contract.h).
@@ -117,6 +121,7 @@ type config struct {
 type Injector struct {
 	p       Programs
 	log     *slog.Logger
+	mapDo   func(func() error) error
 	links   []link.Link
 	skmsg   bool
 	pubFail atomic.Uint64
@@ -150,7 +155,7 @@ func Attach(p Programs, o Options) (*Injector, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	in := &Injector{p: p, log: log.With("component", "inject")}
+	in := &Injector{p: p, log: log.With("component", "inject"), mapDo: o.MapDo}
 	// The sk_msg program first: a socket is only put in the map once it
 	// is there, and a socket added with no verdict program would take the
 	// sockmap send path for nothing.
@@ -205,7 +210,7 @@ func (in *Injector) setConfig(ratio float64, on bool) error {
 	if on {
 		c.Flags = cfgOn
 	}
-	if err := in.p.Config.Put(uint32(0), &c); err != nil {
+	if err := in.do(func() error { return in.p.Config.Put(uint32(0), &c) }); err != nil {
 		return fmt.Errorf("writing the injection config: %w", err)
 	}
 	return nil
@@ -248,9 +253,17 @@ func (in *Injector) Publish(conn, seq uint64, tid trace.TraceID, parent trace.Sp
 	in.mu.Lock()
 	in.dels = slices.DeleteFunc(in.dels, func(d traceKey) bool { return d == k })
 	in.mu.Unlock()
-	if err := in.p.TraceCtxs.Put(k, &v); err != nil {
+	if err := in.do(func() error { return in.p.TraceCtxs.Put(k, &v) }); err != nil {
 		in.publishFailed(err)
 	}
+}
+
+// do runs a map operation where Options.MapDo says, or in place.
+func (in *Injector) do(f func() error) error {
+	if in.mapDo == nil {
+		return f()
+	}
+	return in.mapDo(f)
 }
 
 // publishFailed reports map write failures. An LRU map only fails on a
@@ -310,8 +323,14 @@ func (in *Injector) Flush() {
 	dels := in.dels
 	in.dels = nil
 	in.mu.Unlock()
-	in.putAll(keys, vals)
-	in.deleteAll(dels)
+	if len(keys) == 0 && len(dels) == 0 {
+		return
+	}
+	_ = in.do(func() error {
+		in.putAll(keys, vals)
+		in.deleteAll(dels)
+		return nil
+	})
 }
 
 func (in *Injector) putAll(keys []traceKey, vals []traceCtx) {
@@ -365,14 +384,20 @@ func (in *Injector) Stats() ([]uint64, error) {
 	if in == nil || in.p.Stats == nil {
 		return out, nil
 	}
-	var per []uint64
-	for i := uint32(0); i < statMax; i++ {
-		if err := in.p.Stats.Lookup(i, &per); err != nil {
-			return nil, fmt.Errorf("reading injection counters: %w", err)
+	err := in.do(func() error {
+		var per []uint64
+		for i := uint32(0); i < statMax; i++ {
+			if err := in.p.Stats.Lookup(i, &per); err != nil {
+				return fmt.Errorf("reading injection counters: %w", err)
+			}
+			for _, v := range per {
+				out[i] += v
+			}
 		}
-		for _, v := range per {
-			out[i] += v
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

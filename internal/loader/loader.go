@@ -45,6 +45,7 @@ type Tracer struct {
 	variant     Variant       // the build of bpf/gymtrace.c this kernel got
 	unsupported []Unsupported // programs loaded as no-ops: this kernel cannot run them
 	preempt     Preemption    // what the kernel does to uprobe programs halfway (preempt.go)
+	ops         *MapOps       // the thread every run-time map operation runs on (mapops.go)
 
 	profTime bool // GYMTRACE_PROF_TIME=1: the programs time their sections (ProfTable)
 
@@ -192,6 +193,10 @@ func Load(opts Options) (*Tracer, error) {
 		return nil, fmt.Errorf("opening the ring buffer: %w", err)
 	}
 	t.rd = rd
+	t.ops = NewMapOps(preempt.Preempts)
+	if rt, why := t.ops.RealTime(); preempt.Preempts && !rt {
+		t.log.Warn("map operations run at normal priority on a kernel that preempts: while one is preempted the kernel skips gymtrace's programs on its CPU (gymtrace_kernel_events_total{reason=\"program_skipped\"})", "preemption", preempt.Mode, "err", why)
+	}
 	if t.wakeFile, err = newWakeFile(t.objs.GtEvents.FD()); err != nil {
 		t.log.Debug("ring-buffer wakeups unavailable: polling only", "err", err)
 	}
@@ -208,7 +213,7 @@ func (t *Tracer) SetGate(mask uint64, serverPossible [8]uint64, clientPossible u
 	t.cfg.ClientPossible = clientPossible
 	t.cfg.Flags = flags
 	t.cfg.Generation++
-	if err := t.objs.GtConfig.Put(uint32(0), &t.cfg); err != nil {
+	if err := t.ops.Do(func() error { return t.objs.GtConfig.Put(uint32(0), &t.cfg) }); err != nil {
 		return fmt.Errorf("writing the span-group gate: %w", err)
 	}
 	return nil
@@ -223,24 +228,23 @@ func NewRouteKey(role, method uint8, path string) RouteKey {
 
 // SetRoutes replaces the route table: (role, method, path) -> group bits.
 func (t *Tracer) SetRoutes(routes map[RouteKey]uint64) error {
-	var k RouteKey
-	var v uint64
 	var stale []RouteKey
-	it := t.objs.GtRoutes.Iterate()
-	for it.Next(&k, &v) {
+	walkKeys(t.objs.GtRoutes, func(k RouteKey) {
 		if _, ok := routes[k]; !ok {
 			stale = append(stale, k)
 		}
-	}
-	for _, k := range stale {
-		_ = t.objs.GtRoutes.Delete(k)
-	}
-	for k, v := range routes {
-		if err := t.objs.GtRoutes.Put(k, v); err != nil {
-			return fmt.Errorf("writing route %q: %w", string(k.Path[:]), err)
+	})
+	return t.ops.Do(func() error {
+		for _, k := range stale {
+			_ = t.objs.GtRoutes.Delete(k)
 		}
-	}
-	return nil
+		for k, v := range routes {
+			if err := t.objs.GtRoutes.Put(k, v); err != nil {
+				return fmt.Errorf("writing route %q: %w", string(k.Path[:]), err)
+			}
+		}
+		return nil
+	})
 }
 
 // AddTarget starts tracing a process (tgid in the initial PID namespace).
@@ -250,13 +254,16 @@ func (t *Tracer) AddTarget(pid int, role uint8) error {
 	}
 	// Keep what the kernel knows (a child added at fork carries a flag that
 	// makes its exec of a sandbox CLI recognisable).
-	var cur Target
-	if err := t.objs.GtTargets.Lookup(uint32(pid), &cur); err == nil {
-		cur.Role = role
-	} else {
-		cur = Target{Role: role}
-	}
-	if err := t.objs.GtTargets.Put(uint32(pid), cur); err != nil {
+	err := t.ops.Do(func() error {
+		var cur Target
+		if err := t.objs.GtTargets.Lookup(uint32(pid), &cur); err == nil {
+			cur.Role = role
+		} else {
+			cur = Target{Role: role}
+		}
+		return t.objs.GtTargets.Put(uint32(pid), cur)
+	})
+	if err != nil {
 		return fmt.Errorf("adding target %d: %w", pid, err)
 	}
 	return t.setBit(pid, true)
@@ -274,13 +281,18 @@ func (t *Tracer) RemoveTarget(pid int) error {
 		return nil
 	}
 	var cur Target
-	if err := t.objs.GtTargets.Lookup(uint32(pid), &cur); err == nil && cur.Flags&uint8(bpfGtTargetFlagGT_TARGET_CHILD) != 0 {
+	child := false
+	_ = t.ops.Do(func() error {
+		child = t.objs.GtTargets.Lookup(uint32(pid), &cur) == nil && cur.Flags&uint8(bpfGtTargetFlagGT_TARGET_CHILD) != 0
+		return nil
+	})
+	if child {
 		return nil
 	}
 	if err := t.setBit(pid, false); err != nil {
 		return err
 	}
-	if err := t.objs.GtTargets.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := t.ops.Do(func() error { return t.objs.GtTargets.Delete(uint32(pid)) }); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("removing target %d: %w", pid, err)
 	}
 	t.purgeConns(uint32(pid))
@@ -299,17 +311,32 @@ func (t *Tracer) purgeConns(tgid uint32) {
 		Tgid uint32
 		Fd   int32
 	}
-	var key connKey
 	var stale []connKey
-	val := make([]byte, t.objs.GtConns.ValueSize())
-	it := t.objs.GtConns.Iterate()
-	for it.Next(&key, &val) {
-		if key.Tgid == tgid {
-			stale = append(stale, key)
+	walkKeys(t.objs.GtConns, func(k connKey) {
+		if k.Tgid == tgid {
+			stale = append(stale, k)
 		}
-	}
-	for _, k := range stale {
-		_ = t.objs.GtConns.Delete(k)
+	})
+	_ = t.ops.Do(func() error {
+		for _, k := range stale {
+			_ = t.objs.GtConns.Delete(k)
+		}
+		return nil
+	})
+}
+
+// walkKeys calls f with each key of m: keys only (BPF_MAP_GET_NEXT_KEY),
+// which unlike a lookup does not hold bpf_prog_active (MapOps), so a walk of
+// a large map needs no trip to the map thread. A key deleted meanwhile makes
+// the walk start over, as the kernel does; it is bounded by the map's size.
+func walkKeys[K comparable](m *ebpf.Map, f func(K)) {
+	var cur, next K
+	seen := 0
+	limit := int(m.MaxEntries()) * 2
+	for err := m.NextKey(nil, &next); err == nil && seen < limit; err = m.NextKey(cur, &next) {
+		f(next)
+		cur = next
+		seen++
 	}
 }
 
@@ -317,19 +344,21 @@ func (t *Tracer) setBit(pid int, on bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	word := uint32(pid >> 6)
-	var bits uint64
-	if err := t.objs.GtTargetBits.Lookup(word, &bits); err != nil {
-		return fmt.Errorf("reading target bitmap: %w", err)
-	}
-	if on {
-		bits |= 1 << (pid & 63)
-	} else {
-		bits &^= 1 << (pid & 63)
-	}
-	if err := t.objs.GtTargetBits.Put(word, bits); err != nil {
-		return fmt.Errorf("writing target bitmap: %w", err)
-	}
-	return nil
+	return t.ops.Do(func() error {
+		var bits uint64
+		if err := t.objs.GtTargetBits.Lookup(word, &bits); err != nil {
+			return fmt.Errorf("reading target bitmap: %w", err)
+		}
+		if on {
+			bits |= 1 << (pid & 63)
+		} else {
+			bits &^= 1 << (pid & 63)
+		}
+		if err := t.objs.GtTargetBits.Put(word, bits); err != nil {
+			return fmt.Errorf("writing target bitmap: %w", err)
+		}
+		return nil
+	})
 }
 
 // SetPython registers a Python target's interpreter layout (internal/python
@@ -337,12 +366,12 @@ func (t *Tracer) setBit(pid int, on bool) error {
 // context; nil removes it.
 func (t *Tracer) SetPython(pid int, params any) error {
 	if params == nil {
-		if err := t.objs.GtPyProcs.Delete(uint32(pid)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := t.ops.Do(func() error { return t.objs.GtPyProcs.Delete(uint32(pid)) }); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("forgetting Python process %d: %w", pid, err)
 		}
 		return nil
 	}
-	if err := t.objs.GtPyProcs.Put(uint32(pid), params); err != nil {
+	if err := t.ops.Do(func() error { return t.objs.GtPyProcs.Put(uint32(pid), params) }); err != nil {
 		return fmt.Errorf("registering Python process %d: %w", pid, err)
 	}
 	return nil
@@ -363,14 +392,20 @@ func (t *Tracer) PyUVWriteProgram() *ebpf.Program { return t.objs.GtPyUvWrite }
 // Stats sums the per-CPU counters; index with the Stat* constants.
 func (t *Tracer) Stats() ([]uint64, error) {
 	out := make([]uint64, StatMax)
-	var per []uint64
-	for i := uint32(0); i < StatMax; i++ {
-		if err := t.objs.GtStats.Lookup(i, &per); err != nil {
-			return nil, fmt.Errorf("reading kernel counters: %w", err)
+	err := t.ops.Do(func() error {
+		var per []uint64
+		for i := uint32(0); i < StatMax; i++ {
+			if err := t.objs.GtStats.Lookup(i, &per); err != nil {
+				return fmt.Errorf("reading kernel counters: %w", err)
+			}
+			for _, v := range per {
+				out[i] += v
+			}
 		}
-		for _, v := range per {
-			out[i] += v
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -403,7 +438,7 @@ func (t *Tracer) ProfTable() []ProfSection {
 	var out []ProfSection
 	for i := uint32(0); i < uint32(bpfGtProfSectionGT_PROF_MAX); i++ {
 		var per []bpfGtProfSlot
-		if err := t.objs.GtProf.Lookup(i, &per); err != nil {
+		if err := t.ops.Do(func() error { return t.objs.GtProf.Lookup(i, &per) }); err != nil {
 			return nil
 		}
 		var ns, n uint64
@@ -517,6 +552,7 @@ func (t *Tracer) Close() error {
 	if t.wakeFile != nil {
 		errs = append(errs, t.wakeFile.Close())
 	}
+	t.ops.Close()
 	errs = append(errs, t.objs.Close())
 	return errors.Join(errs...)
 }

@@ -37,16 +37,22 @@ const pyStatMax = uint32(bpfGtPyStatusGT_PY_STAT_MAX)
 // PyStats sums the per-CPU Python context counters by name.
 func (t *Tracer) PyStats() (map[string]uint64, error) {
 	out := make(map[string]uint64, len(pyStatNames))
-	var per []uint64
-	for i := uint32(0); i < pyStatMax; i++ {
-		if err := t.objs.GtPyStats.Lookup(i, &per); err != nil {
-			return nil, fmt.Errorf("reading the Python context counters: %w", err)
+	err := t.ops.Do(func() error {
+		var per []uint64
+		for i := uint32(0); i < pyStatMax; i++ {
+			if err := t.objs.GtPyStats.Lookup(i, &per); err != nil {
+				return fmt.Errorf("reading the Python context counters: %w", err)
+			}
+			var sum uint64
+			for _, v := range per {
+				sum += v
+			}
+			out[pyStatNames[i]] = sum
 		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[pyStatNames[i]] = sum
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
