@@ -78,6 +78,44 @@ GT_GLOBAL int gt_py_note(struct gt_conn *c, struct gt_io *io)
 	return 0;
 }
 GT_K510_CI(gt_py_note, (void), 0, c, io)
+
+#ifndef GT_K510
+// A server request's head that arrives in more than one read (a sender that
+// writes it in pieces; injection's pushed traceparent line, which leaves as
+// its own TCP segment): uvloop creates the handler task in the callback after
+// the read that completes the head, two or more callbacks after the read of
+// its first bytes, so the read rule's mark (struct gt_py_thread pend_*, set
+// by gt_py_context_w at that first read) is set again at each later read of
+// the head, for this connection: the read that completes it is the last to
+// set it, and its callback is the one that creates the task. Another
+// connection's read in between sets its own mark, and that connection's
+// next read of this head sets this one's back. No thread walk: the first
+// read cached the thread. (No Python probes on 5.10's build.)
+GT_GLOBAL int gt_py_note_more(struct gt_conn *c, struct gt_io *io)
+{
+	if (!c || !io)
+		return 0;
+	__u32 tgid = io->tgid, tid = io->tid;
+	const struct gt_py_params *p = bpf_map_lookup_elem(&gt_py_procs, &tgid);
+	if (!p || !p->tstate_context_ver)
+		return 0;
+	struct gt_py_thread *th = bpf_map_lookup_elem(&gt_py_threads, &tid);
+	if (!th || th->tgid != tgid || !th->tstate)
+		return 0;
+	__u64 nstid = gt_py_ns_tid(p, tid);
+	if (!nstid || gt_py_read_u64(th->tstate + p->tstate_native_tid) != nstid)
+		return 0;
+	__u64 ver = gt_py_read_u64(th->tstate + p->tstate_context_ver);
+	if (!ver)
+		return 0;
+	th->pend_ver = ver;
+	th->pend_ctx = gt_py_read_u64(th->tstate + p->tstate_context) & GT_PY_ADDR_MASK;
+	th->pend_conn = c->conn_id;
+	th->pend_fd = io->fd;
+	gt_py_stat(GT_PY_HEAD_MORE);
+	return 0;
+}
+#endif
 #ifdef GT_K510
 #define gt_py_note(c, io) gt_py_note_k510()
 #endif

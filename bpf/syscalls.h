@@ -334,6 +334,12 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 
 	io->ret = (__u32)ret;
 	gt_pos_check(c, io);
+#ifndef GT_K510
+	// More of a server request's head than its first read (bpf/py_note.h).
+	// Here, not in gt_process: its frame is on the deepest call chain.
+	if (dir == 0 && c->side == GT_SIDE_SERVER && c->dir[0].is_req && c->dir[0].phase == GT_PH_HEADERS)
+		gt_py_note_more(c, io);
+#endif
 	if (kind == GT_IO_PLAIN) {
 		t0 = gt_prof_begin();
 		gt_process(c, io, a1, (__u32)ret);

@@ -200,5 +200,6 @@ enum gt_py_status {
 	GT_PY_NOT_TASK = 15,    // (counter only) with GT_PY_F_TASKS, links not trusted: the context was not the running task's
 	GT_PY_EAGER = 16,       // (counter only) with GT_PY_F_EAGER, links made in an eager step
 	GT_PY_STALE = 17,       // (counter only) with GT_PY_F_EAGER, links dropped: another Task owned them
-	GT_PY_STAT_MAX = 18,
+	GT_PY_HEAD_MORE = 18,   // (counter only) read-rule marks set again at a later read of a request head
+	GT_PY_STAT_MAX = 19,
 };

@@ -544,7 +544,8 @@ const (
 	bpfGtPyStatusGT_PY_NOT_TASK    bpfGtPyStatus = 15
 	bpfGtPyStatusGT_PY_EAGER       bpfGtPyStatus = 16
 	bpfGtPyStatusGT_PY_STALE       bpfGtPyStatus = 17
-	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 18
+	bpfGtPyStatusGT_PY_HEAD_MORE   bpfGtPyStatus = 18
+	bpfGtPyStatusGT_PY_STAT_MAX    bpfGtPyStatus = 19
 )
 
 type bpfGtPyThread struct {

@@ -28,6 +28,7 @@ var pyStatNames = map[uint32]string{
 	uint32(bpfGtPyStatusGT_PY_LINKED_SITE): "linked_site",
 	uint32(bpfGtPyStatusGT_PY_NOT_TASK):    "not_task",
 	uint32(bpfGtPyStatusGT_PY_EAGER):       "eager",
+	uint32(bpfGtPyStatusGT_PY_HEAD_MORE):   "head_more",
 	uint32(bpfGtPyStatusGT_PY_STALE):       "stale",
 }
 

@@ -129,7 +129,8 @@ const (
 	StatNotTask    Status = 15
 	StatEager      Status = 16
 	StatStale      Status = 17
-	statMax        Status = 18 // checked against the C enum by TestStatusContract
+	StatHeadMore   Status = 18
+	statMax        Status = 19 // checked against the C enum by TestStatusContract
 )
 
 func (s Status) String() string {
@@ -170,6 +171,8 @@ func (s Status) String() string {
 		return "eager"
 	case StatStale:
 		return "stale"
+	case StatHeadMore:
+		return "head_more"
 	}
 	return fmt.Sprintf("status(%d)", int32(s))
 }

@@ -299,6 +299,10 @@ var causalityStacks = []causalityStack{
 		{groups: "per_rollout", c: 256, n: 256, long: true},
 		// Whole conversations: 80-200 KiB bodies both ways, _ng_* keys last.
 		{groups: "per_rollout", c: 16, n: 32, collector: []string{"--large-bodies"}},
+		// Each connection's first /run head in two reads, its request line
+		// alone first (as after injection's pushed line, or from a sender
+		// that writes a head in pieces): the handler is still bound.
+		{groups: "per_rollout", c: 16, n: 32, collector: []string{"--split-heads", "--loop", "asyncio"}},
 	}},
 	{http: "h11", loop: "uvloop", middleware: "all", cases: []causalityCase{
 		{groups: "per_rollout", c: 16, n: 32},

@@ -75,7 +75,7 @@ def agent_url_from_config(name):
 
 async def collect(a, rows):
     truth = stacklib.Truth(a.truth, "collector", "orchestrator")
-    client = stacklib.GymClient(truth, max_retries=a.max_retries)
+    client = stacklib.GymClient(truth, max_retries=a.max_retries, split_heads=a.split_heads)
     await client.start()
     sem = asyncio.Semaphore(a.concurrency)
     results = []
@@ -157,12 +157,16 @@ def main():
     p.add_argument("--fail-every", type=int, default=0, help="every Nth rollout's first model call answers 500")
     p.add_argument("--aggregate", action="store_true", help="POST /aggregate_metrics to the agent at the end")
     p.add_argument("--max-retries", type=int, default=20, help="retries per call on dropped connections (Gym: forever)")
+    p.add_argument("--split-heads", action="store_true",
+                   help="each connection's first /run head in two writes, its request line first (needs --loop asyncio)")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--results", help="write one JSON line per rollout here")
     p.add_argument("--truth", default=os.environ.get("GYMTRACE_TEST_TRUTH"), help="ground-truth file (append)")
     a = p.parse_args()
     if a.rollouts < 0 or a.concurrency < 1 or a.repeats < 1 or a.duration < 0:
         p.error("--rollouts and --duration must be >= 0, --concurrency and --repeats >= 1")
+    if a.split_heads and a.loop != "asyncio":
+        p.error("--split-heads wraps the default loop's transports: use it with --loop asyncio")
     if not a.agent_url:
         a.agent_url = agent_url_from_config(a.agent_name)
     a.agent_url = a.agent_url.rstrip("/")

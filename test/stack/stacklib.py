@@ -348,13 +348,61 @@ _CALL_SOCKET = contextvars.ContextVar("gt_call_socket", default=None)
 
 
 class TruthConnector(aiohttp.TCPConnector):
+    def __init__(self, *args, split_heads=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.split_heads = split_heads
+
     async def connect(self, req, traces, timeout):
         conn = await super().connect(req, traces, timeout)
         transport = conn.transport
         if transport is not None:
             _CALL_SOCKET.set((addr_pair(transport.get_extra_info("sockname")),
                               addr_pair(transport.get_extra_info("peername"))))
+            if self.split_heads and not getattr(transport, "_gt_split", False):
+                split_first_write(transport)
         return conn
+
+
+# How far apart the two pieces of a split request head go out: long enough
+# for the server to read the request line alone.
+SPLIT_GAP_S = 0.02
+
+
+def split_first_write(transport):
+    """The connection's first request goes out as its request line, then,
+    SPLIT_GAP_S later, the rest: a request head that reaches the server in
+    two reads, as one whose sender writes it in pieces, or one that
+    traceparent injection split in two TCP segments (docs/injection.md).
+    Writes made meanwhile follow in order. Needs the default loop's
+    transport (a Python object); uvloop's cannot be wrapped."""
+    write, loop = transport.write, asyncio.get_running_loop()
+    held = None  # None: nothing held back; a list: what waits for the gap
+
+    def split_write(data):
+        nonlocal held
+        data = bytes(data)
+        if held is not None:
+            held.append(data)
+            return
+        if not transport._gt_split:
+            transport._gt_split = True
+            cut = data.find(b"\r\n") + 2
+            if 1 < cut < len(data):
+                write(data[:cut])
+                held = [data[cut:]]
+                loop.call_later(SPLIT_GAP_S, release)
+                return
+        write(data)
+
+    def release():
+        nonlocal held
+        rest, held = held, None
+        if not transport.is_closing():
+            write(b"".join(rest))
+
+    transport._gt_split = False
+    transport.write = split_write
+    transport.writelines = lambda parts: split_write(b"".join(bytes(p) for p in parts))
 
 
 class Reply:
@@ -367,8 +415,9 @@ class Reply:
 
 
 class GymClient:
-    def __init__(self, truth, max_retries=20, connections="shared"):
+    def __init__(self, truth, max_retries=20, connections="shared", split_heads=False):
         self.truth = truth
+        self.split_heads = split_heads  # each connection's first request head in two writes (split_first_write)
         self.max_retries = max_retries
         self.session = None
         self.telemetry = None  # gymtel.GymTelemetry with --gym-telemetry: its CLIENT span wraps each call
@@ -378,11 +427,10 @@ class GymClient:
         self.per_rollout = connections == "per-rollout"
         self.rollout_sessions = {}
 
-    @staticmethod
-    def _new_session():
+    def _new_session(self):
         # Gym: unbounded pool, no client timeout, cookies forwarded by hand.
         return aiohttp.ClientSession(
-            connector=TruthConnector(limit=0),
+            connector=TruthConnector(limit=0, split_heads=self.split_heads),
             cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(total=None),
         )

@@ -262,7 +262,8 @@ const (
 	pytestGtPyStatusGT_PY_NOT_TASK    pytestGtPyStatus = 15
 	pytestGtPyStatusGT_PY_EAGER       pytestGtPyStatus = 16
 	pytestGtPyStatusGT_PY_STALE       pytestGtPyStatus = 17
-	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 18
+	pytestGtPyStatusGT_PY_HEAD_MORE   pytestGtPyStatus = 18
+	pytestGtPyStatusGT_PY_STAT_MAX    pytestGtPyStatus = 19
 )
 
 type pytestGtPyThread struct {
