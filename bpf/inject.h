@@ -25,33 +25,44 @@
 #include "http.h"
 #include "python.h"
 
+#include "common/preempt.h" // gt_sys_pin
 #include "inject_state.h" // constants, records, maps
 #include "inject_enter.h" // step 1: the decision at sys_enter
 #include "inject_exit.h"  // step 3: the parser's side
 
 #ifndef GT_NO_PROGRAMS
+// gt_inject_enter, held whole where the kernel preempts syscall programs
+// (common/preempt.h, gt_sys_pin): it uses the per-CPU scratch too.
+static __always_inline int gt_inject_enter_pinned(int kind, __u64 a0, __u64 a1, __u64 a2)
+{
+	gt_sys_pin_off();
+	int r = gt_inject_enter(kind, a0, a1, a2);
+	gt_sys_pin_on();
+	return r;
+}
+
 SEC("tracepoint/syscalls/sys_enter_write")
 int gt_inject_enter_write(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
 }
 
 SEC("tracepoint/syscalls/sys_enter_sendto")
 int gt_inject_enter_sendto(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
 }
 
 SEC("tracepoint/syscalls/sys_enter_writev")
 int gt_inject_enter_writev(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter(GT_IO_IOV, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_IOV, ctx->args[0], ctx->args[1], ctx->args[2]);
 }
 
 SEC("tracepoint/syscalls/sys_enter_sendmsg")
 int gt_inject_enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter(GT_IO_MSG, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_MSG, ctx->args[0], ctx->args[1], ctx->args[2]);
 }
 
 // Attached to the cgroup v2 root (internal/inject): every TCP socket of the

@@ -14,6 +14,7 @@
 #include "io.h" // struct gt_io: one traced read or write
 #include "startup.h" // listen(2) and the first answer of a process starting (the startup group)
 #include "http_genai.h" // model names and token counts of model exchanges (message.h)
+#include "common/preempt.h" // gt_sys_pin: syscall programs held whole where the kernel preempts them
 
 #include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
 
@@ -382,12 +383,16 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 
 static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
 {
+	// From the first instruction: a run stopped anywhere keeps the others
+	// of this program on its CPU out (common/preempt.h).
+	gt_sys_pin_off();
 	__u64 id = bpf_get_current_pid_tgid();
-	if (!gt_is_target(id >> 32))
-		return 0;
-	__u64 t0 = gt_prof_begin();
-	gt_on_io_target(id, ret, dir, kind);
-	gt_prof_end(GT_PROF_IO, t0);
+	if (gt_is_target(id >> 32)) {
+		__u64 t0 = gt_prof_begin();
+		gt_on_io_target(id, ret, dir, kind);
+		gt_prof_end(GT_PROF_IO, t0);
+	}
+	gt_sys_pin_on();
 	return 0;
 }
 
@@ -416,8 +421,18 @@ int gt_exit_writev(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->
 SEC("tracepoint/syscalls/sys_exit_sendmsg")
 int gt_exit_sendmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_MSG); }
 
+static __always_inline int gt_enter_close_run(struct trace_event_raw_sys_enter *ctx);
+
 SEC("tracepoint/syscalls/sys_enter_close")
 int gt_enter_close(struct trace_event_raw_sys_enter *ctx)
+{
+	gt_sys_pin_off(); // common/preempt.h
+	gt_enter_close_run(ctx);
+	gt_sys_pin_on();
+	return 0;
+}
+
+static __always_inline int gt_enter_close_run(struct trace_event_raw_sys_enter *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;

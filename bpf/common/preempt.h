@@ -57,3 +57,29 @@ static __always_inline void gt_preempt_on(void)
 	if (bpf_preempt_enable)
 		bpf_preempt_enable();
 }
+
+// Syscall tracepoint programs on a kernel that runs them preemptible: sid's
+// 7.2 calls them through trace_call_bpf_faultable, with only migration off,
+// and keeps a recursion count per program and CPU. A syscall program
+// preempted halfway (seen in a guest: gt_exit_write stopped by the timer
+// interrupt inside gt_conn_new) then makes the kernel skip every run of the
+// same program on that CPU until it resumes (recursion_misses: the
+// program_skipped that lost spans there), while the other syscall programs
+// run and overwrite the per-CPU scratch it was using (gt_ios, gt_scratch).
+// The loader sets gt_sys_pin where the kernel runs them so (the
+// trace_call_bpf_faultable symbol) and its verifier allows global calls with
+// preemption off (bpf/probe_pin.c); 0 elsewhere, where they run with
+// preemption off already.
+volatile const __u32 gt_sys_pin = 0;
+
+static __always_inline void gt_sys_pin_off(void)
+{
+	if (gt_sys_pin)
+		gt_preempt_off();
+}
+
+static __always_inline void gt_sys_pin_on(void)
+{
+	if (gt_sys_pin)
+		gt_preempt_on();
+}

@@ -992,6 +992,7 @@ const (
 	bpfVarGtNextConnId           = "gt_next_conn_id"
 	bpfVarGtProfSkip             = "gt_prof_skip"
 	bpfVarGtProfTime             = "gt_prof_time"
+	bpfVarGtSysPin               = "gt_sys_pin"
 	bpfVarGtTlsPin               = "gt_tls_pin"
 	bpfVarGtWakeupBytes          = "gt_wakeup_bytes"
 )
@@ -1140,6 +1141,7 @@ type bpfVariableSpecs struct {
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtSysPin               *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
@@ -1276,6 +1278,7 @@ type bpfVariables struct {
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtSysPin               *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }

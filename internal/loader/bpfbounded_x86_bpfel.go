@@ -106,6 +106,7 @@ const (
 	bpfboundedVarGtNextConnId           = "gt_next_conn_id"
 	bpfboundedVarGtProfSkip             = "gt_prof_skip"
 	bpfboundedVarGtProfTime             = "gt_prof_time"
+	bpfboundedVarGtSysPin               = "gt_sys_pin"
 	bpfboundedVarGtTlsPin               = "gt_tls_pin"
 	bpfboundedVarGtWakeupBytes          = "gt_wakeup_bytes"
 )
@@ -254,6 +255,7 @@ type bpfboundedVariableSpecs struct {
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtSysPin               *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
@@ -390,6 +392,7 @@ type bpfboundedVariables struct {
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtSysPin               *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }

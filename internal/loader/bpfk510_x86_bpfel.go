@@ -111,6 +111,7 @@ const (
 	bpfk510VarGtNextConnId           = "gt_next_conn_id"
 	bpfk510VarGtProfSkip             = "gt_prof_skip"
 	bpfk510VarGtProfTime             = "gt_prof_time"
+	bpfk510VarGtSysPin               = "gt_sys_pin"
 	bpfk510VarGtTlsPin               = "gt_tls_pin"
 	bpfk510VarGtWakeupBytes          = "gt_wakeup_bytes"
 )
@@ -264,6 +265,7 @@ type bpfk510VariableSpecs struct {
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtSysPin               *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
@@ -409,6 +411,7 @@ type bpfk510Variables struct {
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtSysPin               *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }

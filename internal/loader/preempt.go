@@ -32,6 +32,21 @@ type Preemption struct {
 	Mode     string // how that was told ("PREEMPT_DYNAMIC, mode full", ...)
 	Kfunc    bool   // bpf_preempt_disable is there: the Python probes run whole
 	PinTLS   bool   // ... and the TLS return probe may hold it over its calls
+	// The kernel runs syscall tracepoint programs preemptible
+	// (trace_call_bpf_faultable, sid's 7.2): where it preempts, they hold
+	// preemption off when PinTLS says global calls may (gt_sys_pin).
+	SyscallsFaultable bool
+}
+
+// PinSyscalls: the syscall programs hold preemption off (gt_sys_pin).
+func (p Preemption) PinSyscalls() bool { return p.Preempts && p.SyscallsFaultable && p.PinTLS }
+
+// SyscallsUnsafe says why the syscall programs cannot run whole here, or "".
+func (p Preemption) SyscallsUnsafe() string {
+	if p.Preempts && p.SyscallsFaultable && !p.PinTLS {
+		return fmt.Sprintf("the kernel runs syscall tracepoint programs preemptible (trace_call_bpf_faultable; %s) and its verifier does not let them hold preemption off over their calls: a program stopped halfway makes the kernel skip the same program on its CPU meanwhile (gymtrace_kernel_events_total{reason=\"program_skipped\"}, requests without spans)", p.Mode)
+	}
+	return ""
 }
 
 // PythonUnsafe says why the Python link probes cannot run safely here, or "".
@@ -53,6 +68,11 @@ func (p Preemption) TLSUnsafe() string {
 // applyPreemption configures spec for what p found: the TLS return probe
 // holds preemption off only where the verifier allows it.
 func applyPreemption(spec *ebpf.CollectionSpec, p Preemption) error {
+	if p.PinSyscalls() {
+		if err := spec.Variables["gt_sys_pin"].Set(uint32(1)); err != nil {
+			return fmt.Errorf("configuring the syscall programs: %w", err)
+		}
+	}
 	if p.PinTLS {
 		return nil
 	}
@@ -70,6 +90,11 @@ func probePreemption() Preemption {
 	if kspec, err := btf.LoadKernelSpec(); err == nil {
 		_, err := kspec.AnyTypeByName("bpf_preempt_disable")
 		p.Kfunc = err == nil
+		_, err = kspec.AnyTypeByName("trace_call_bpf_faultable")
+		p.SyscallsFaultable = err == nil
+	}
+	if !p.SyscallsFaultable {
+		p.SyscallsFaultable = kallsymsHas("trace_call_bpf_faultable")
 	}
 	if !p.Kfunc {
 		return p
@@ -165,4 +190,14 @@ func kernelConfig(release string) (string, error) {
 		return "", err
 	}
 	return "\n" + b.String(), nil
+}
+
+// kallsymsHas: the kernel has a text symbol named name (a function the BTF
+// may not list, inlined or static).
+func kallsymsHas(name string) bool {
+	b, err := os.ReadFile("/proc/kallsyms")
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte(" "+name+"\n"))
 }

@@ -60,3 +60,31 @@ func TestProbePreemption(t *testing.T) {
 		t.Errorf("TLS pinned without bpf_preempt_disable: %+v", p)
 	}
 }
+
+// TestVerifyPinnedSyscalls: the syscall programs as a kernel that runs them
+// preemptible loads them (gt_sys_pin: preemption off over the whole run,
+// global calls included) verify here too, where this kernel's verifier
+// allows global calls with preemption off.
+func TestVerifyPinnedSyscalls(t *testing.T) {
+	needRoot(t)
+	p := probePreemption()
+	if !p.Kfunc || !p.PinTLS {
+		t.Skipf("this kernel cannot hold preemption off over global calls (bpf_preempt_disable %v, verifier allows it %v): the pinned build is checked where it can be", p.Kfunc, p.PinTLS)
+	}
+	rep, err := Verify(VerifyOptions{PinSyscalls: true, Only: func(name string) bool {
+		return strings.HasPrefix(name, "gt_exit_") || strings.HasPrefix(name, "gt_inject_enter_")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range rep.Programs {
+		if pr.Err != nil {
+			t.Errorf("%s (pinned): %v", pr.Name, pr.Err)
+			continue
+		}
+		t.Logf("%s (pinned): %d instructions, %d bytes of stack", pr.Name, pr.Verified, pr.Stack)
+	}
+	if len(rep.Programs) < 8 {
+		t.Errorf("%d syscall programs verified, want the 8 data syscalls' and injection's", len(rep.Programs))
+	}
+}

@@ -114,6 +114,10 @@ type VerifyOptions struct {
 	// Progress, when set, is called before each program's load (a refused
 	// program can take minutes on a slow machine).
 	Progress func(program string)
+	// PinSyscalls loads the syscall programs holding preemption off
+	// (gt_sys_pin) whether or not this kernel runs them preemptible: what
+	// such a kernel's verifier is given, checked on this one's.
+	PinSyscalls bool
 }
 
 // Verify loads every program of a variant into the kernel, one at a time
@@ -141,6 +145,11 @@ func Verify(o VerifyOptions) (VerifyReport, error) {
 	rep.Preemption = probePreemption()
 	if err := applyPreemption(spec, rep.Preemption); err != nil {
 		return rep, err
+	}
+	if o.PinSyscalls {
+		if err := spec.Variables["gt_sys_pin"].Set(uint32(1)); err != nil {
+			return rep, err
+		}
 	}
 	// The uprobe programs typed as Load types them (uprobe_multi where the
 	// kernel takes it): the verifier sees what Load gives it.

@@ -61,6 +61,24 @@ func (c *checker) programs() {
 			Fix:    "a newer kernel has it"})
 	}
 	c.add(preemptionResult(rep.Preemption))
+	c.add(syscallPreemptionResult(rep.Preemption))
+}
+
+// syscallPreemptionResult says whether the syscall programs run whole on
+// their CPU here (bpf/common/preempt.h, gt_sys_pin).
+func syscallPreemptionResult(p loader.Preemption) Result {
+	r := Result{Feature: "syscall programs kept whole", Need: NeedOptional, Status: StatusOK}
+	switch {
+	case !p.Preempts || !p.SyscallsFaultable:
+		r.Detail = "the kernel runs them with preemption off"
+	case p.SyscallsUnsafe() != "":
+		r.Status = StatusMissing
+		r.Detail = p.SyscallsUnsafe()
+		r.Fix = "boot with preempt=voluntary (PREEMPT_DYNAMIC kernels), or a kernel whose verifier allows global calls with preemption off"
+	default:
+		r.Detail = "the kernel runs them preemptible (trace_call_bpf_faultable; " + p.Mode + "); they hold preemption off with bpf_preempt_disable"
+	}
+	return r
 }
 
 // preemptionResult says whether the uprobe programs run whole on their CPU

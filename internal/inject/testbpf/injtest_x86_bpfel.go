@@ -677,6 +677,7 @@ const (
 	injtestMapGtTlsConns            = "gt_tls_conns"
 	injtestMapGtTlsPending          = "gt_tls_pending"
 	injtestMapGtTraceCtxs           = "gt_trace_ctxs"
+	injtestMapGtUprobeTails         = "gt_uprobe_tails"
 	injtestProgGtEnterClose         = "gt_enter_close"
 	injtestProgGtExitListen         = "gt_exit_listen"
 	injtestProgGtExitRead           = "gt_exit_read"
@@ -701,9 +702,11 @@ const (
 	injtestVarGtContractKind        = "gt_contract_kind"
 	injtestVarGtContractStat        = "gt_contract_stat"
 	injtestVarGtContractTarget      = "gt_contract_target"
+	injtestVarGtNever               = "gt_never"
 	injtestVarGtNextConnId          = "gt_next_conn_id"
 	injtestVarGtProfSkip            = "gt_prof_skip"
 	injtestVarGtProfTime            = "gt_prof_time"
+	injtestVarGtSysPin              = "gt_sys_pin"
 	injtestVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
 
@@ -803,6 +806,7 @@ type injtestMapSpecs struct {
 	GtTlsConns      *ebpf.MapSpec `ebpf:"gt_tls_conns"`
 	GtTlsPending    *ebpf.MapSpec `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.MapSpec `ebpf:"gt_trace_ctxs"`
+	GtUprobeTails   *ebpf.MapSpec `ebpf:"gt_uprobe_tails"`
 }
 
 // injtestVariableSpecs contains global variables before they are loaded into the kernel.
@@ -817,9 +821,11 @@ type injtestVariableSpecs struct {
 	GtContractKind       *ebpf.VariableSpec `ebpf:"gt_contract_kind"`
 	GtContractStat       *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
 	GtContractTarget     *ebpf.VariableSpec `ebpf:"gt_contract_target"`
+	GtNever              *ebpf.VariableSpec `ebpf:"gt_never"`
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtSysPin             *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
 
@@ -875,6 +881,7 @@ type injtestMaps struct {
 	GtTlsConns      *ebpf.Map `ebpf:"gt_tls_conns"`
 	GtTlsPending    *ebpf.Map `ebpf:"gt_tls_pending"`
 	GtTraceCtxs     *ebpf.Map `ebpf:"gt_trace_ctxs"`
+	GtUprobeTails   *ebpf.Map `ebpf:"gt_uprobe_tails"`
 }
 
 func (m *injtestMaps) Close() error {
@@ -911,6 +918,7 @@ func (m *injtestMaps) Close() error {
 		m.GtTlsConns,
 		m.GtTlsPending,
 		m.GtTraceCtxs,
+		m.GtUprobeTails,
 	)
 }
 
@@ -926,9 +934,11 @@ type injtestVariables struct {
 	GtContractKind       *ebpf.Variable `ebpf:"gt_contract_kind"`
 	GtContractStat       *ebpf.Variable `ebpf:"gt_contract_stat"`
 	GtContractTarget     *ebpf.Variable `ebpf:"gt_contract_target"`
+	GtNever              *ebpf.Variable `ebpf:"gt_never"`
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtSysPin             *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
 

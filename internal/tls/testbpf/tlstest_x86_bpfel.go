@@ -649,6 +649,7 @@ const (
 	tlstestVarGtNextConnId        = "gt_next_conn_id"
 	tlstestVarGtProfSkip          = "gt_prof_skip"
 	tlstestVarGtProfTime          = "gt_prof_time"
+	tlstestVarGtSysPin            = "gt_sys_pin"
 	tlstestVarGtTlsPin            = "gt_tls_pin"
 	tlstestVarGtWakeupBytes       = "gt_wakeup_bytes"
 )
@@ -756,6 +757,7 @@ type tlstestVariableSpecs struct {
 	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime          *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtSysPin            *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin            *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
@@ -851,6 +853,7 @@ type tlstestVariables struct {
 	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime          *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtSysPin            *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin            *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }
