@@ -72,6 +72,9 @@ var twinRows = []twinConfig{
 	// configuration a user has (client spans lose their parents and
 	// traceparent its trace): an attribution row.
 	{Name: "default, no Python probes", Spec: "default", Env: []string{"GYMTRACE_PROF_NO_PYPROBES=1"}},
+	// `default` without the GenAI walk (--genai=false: model bodies not
+	// walked for model names and token counts): what the walk costs.
+	{Name: "default, GenAI off", Spec: "default", Env: []string{"GYMTRACE_GENAI=false"}},
 	// `default` with the link probe left on PyContext_CopyCurrent's return
 	// (two kernel entries a copy): what the call-site probes save.
 	{Name: "default, return probes", Spec: "default", Env: []string{"GYMTRACE_PY_SITES=0"}},
