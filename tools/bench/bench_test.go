@@ -693,11 +693,11 @@ func TestTwinRowsFor(t *testing.T) {
 		filter string
 		want   string
 	}{
-		{false, "", "untraced, A against B|groups off|default|per_rollout|all|server spans only|default, no Python probes|default, return probes|default, every copy probed|default, eager Task births probed|" +
+		{false, "", "untraced, A against B|groups off|default|per_rollout|all|server spans only|default, no Python probes|default, GenAI off|default, return probes|default, every copy probed|default, eager Task births probed|" +
 			"Gym telemetry default, no-op|Gym telemetry per_rollout, no-op|Gym telemetry default, OTLP"},
 		{true, "", "default"},
 		{false, "groups off,per_rollout", "groups off|per_rollout|Gym telemetry per_rollout, no-op"},
-		{false, "default", "default|default, no Python probes|default, return probes|default, every copy probed|default, eager Task births probed|" +
+		{false, "default", "default|default, no Python probes|default, GenAI off|default, return probes|default, every copy probed|default, eager Task births probed|" +
 			"Gym telemetry default, no-op|Gym telemetry default, OTLP"},
 		{false, "=default;=default, no Python probes", "default|default, no Python probes"},
 		{false, "=default", "default"},
