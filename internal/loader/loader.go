@@ -391,12 +391,22 @@ func (t *Tracer) PyUVWriteProgram() *ebpf.Program { return t.objs.GtPyUvWrite }
 
 // Stats sums the per-CPU counters; index with the Stat* constants.
 func (t *Tracer) Stats() ([]uint64, error) {
-	out := make([]uint64, StatMax)
+	out, err := t.perCPUSums(t.objs.GtStats, StatMax)
+	if err != nil {
+		return nil, fmt.Errorf("reading kernel counters: %w", err)
+	}
+	return out, nil
+}
+
+// perCPUSums reads slots 0..n-1 of a per-CPU array, each summed over the
+// CPUs, in one trip to the map thread.
+func (t *Tracer) perCPUSums(m *ebpf.Map, n uint32) ([]uint64, error) {
+	out := make([]uint64, n)
 	err := t.ops.Do(func() error {
 		var per []uint64
-		for i := uint32(0); i < StatMax; i++ {
-			if err := t.objs.GtStats.Lookup(i, &per); err != nil {
-				return fmt.Errorf("reading kernel counters: %w", err)
+		for i := uint32(0); i < n; i++ {
+			if err := m.Lookup(i, &per); err != nil {
+				return err
 			}
 			for _, v := range per {
 				out[i] += v
@@ -404,10 +414,7 @@ func (t *Tracer) Stats() ([]uint64, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return out, err
 }
 
 // ProfSection is one row of ProfTable: a timed section of the BPF programs.

@@ -69,8 +69,8 @@ func (p Preemption) TLSUnsafe() string {
 // holds preemption off only where the verifier allows it.
 func applyPreemption(spec *ebpf.CollectionSpec, p Preemption) error {
 	if p.PinSyscalls() {
-		if err := spec.Variables["gt_sys_pin"].Set(uint32(1)); err != nil {
-			return fmt.Errorf("configuring the syscall programs: %w", err)
+		if err := pinSyscalls(spec); err != nil {
+			return err
 		}
 	}
 	if p.PinTLS {
@@ -93,7 +93,9 @@ func probePreemption() Preemption {
 		_, err = kspec.AnyTypeByName("trace_call_bpf_faultable")
 		p.SyscallsFaultable = err == nil
 	}
-	if !p.SyscallsFaultable {
+	// Only where the kernel preempts does the answer matter (PinSyscalls,
+	// SyscallsUnsafe), and reading kallsyms costs a start ~140 ms.
+	if !p.SyscallsFaultable && p.Preempts {
 		p.SyscallsFaultable = kallsymsHas("trace_call_bpf_faultable")
 	}
 	if !p.Kfunc {
@@ -190,6 +192,14 @@ func kernelConfig(release string) (string, error) {
 		return "", err
 	}
 	return "\n" + b.String(), nil
+}
+
+// pinSyscalls makes the syscall programs hold preemption off (gt_sys_pin).
+func pinSyscalls(spec *ebpf.CollectionSpec) error {
+	if err := spec.Variables["gt_sys_pin"].Set(uint32(1)); err != nil {
+		return fmt.Errorf("configuring the syscall programs: %w", err)
+	}
+	return nil
 }
 
 // kallsymsHas: the kernel has a text symbol named name (a function the BTF

@@ -37,23 +37,13 @@ const pyStatMax = uint32(bpfGtPyStatusGT_PY_STAT_MAX)
 
 // PyStats sums the per-CPU Python context counters by name.
 func (t *Tracer) PyStats() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(pyStatNames))
-	err := t.ops.Do(func() error {
-		var per []uint64
-		for i := uint32(0); i < pyStatMax; i++ {
-			if err := t.objs.GtPyStats.Lookup(i, &per); err != nil {
-				return fmt.Errorf("reading the Python context counters: %w", err)
-			}
-			var sum uint64
-			for _, v := range per {
-				sum += v
-			}
-			out[pyStatNames[i]] = sum
-		}
-		return nil
-	})
+	sums, err := t.perCPUSums(t.objs.GtPyStats, pyStatMax)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the Python context counters: %w", err)
+	}
+	out := make(map[string]uint64, len(pyStatNames))
+	for i, v := range sums {
+		out[pyStatNames[uint32(i)]] = v
 	}
 	return out, nil
 }

@@ -147,7 +147,7 @@ func Verify(o VerifyOptions) (VerifyReport, error) {
 		return rep, err
 	}
 	if o.PinSyscalls {
-		if err := spec.Variables["gt_sys_pin"].Set(uint32(1)); err != nil {
+		if err := pinSyscalls(spec); err != nil {
 			return rep, err
 		}
 	}

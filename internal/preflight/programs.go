@@ -69,7 +69,9 @@ func (c *checker) programs() {
 func syscallPreemptionResult(p loader.Preemption) Result {
 	r := Result{Feature: "syscall programs kept whole", Need: NeedOptional, Status: StatusOK}
 	switch {
-	case !p.Preempts || !p.SyscallsFaultable:
+	case !p.Preempts:
+		r.Detail = "the kernel does not preempt them (" + p.Mode + ")"
+	case !p.SyscallsFaultable:
 		r.Detail = "the kernel runs them with preemption off"
 	case p.SyscallsUnsafe() != "":
 		r.Status = StatusMissing
