@@ -135,10 +135,10 @@ func TestTwoNodesNewConnections(t *testing.T) {
 	}
 	// Every remote request joined to its agent CLIENT span, except where
 	// the agent's gymtrace counted a call it could not attribute
-	// (inject_unattributed): a request head the injection split in two
-	// segments that uvloop read apart leaves its handler bound to no
-	// request (docs/injection.md, "Limits"; issue 39 keeps the 100 % goal
-	// open). Such a call goes without a header, never with a wrong one, so
+	// (inject_unattributed: a handler bound to no request, e.g. by a lost
+	// record; a head split by injection is bound since c0474b4, and
+	// TestKernelMatrix holds the guests to 100 %). Such a call goes without
+	// a header, never with a wrong one, so
 	// each miss here is one counted there (and the calls under it lose
 	// their chain to /run, so that count is held only when none is); a join
 	// to a wrong span would show as a connection serving two rollouts.

@@ -358,7 +358,7 @@ class TruthConnector(aiohttp.TCPConnector):
         if transport is not None:
             _CALL_SOCKET.set((addr_pair(transport.get_extra_info("sockname")),
                               addr_pair(transport.get_extra_info("peername"))))
-            if self.split_heads and not getattr(transport, "_gt_split", False):
+            if self.split_heads and not hasattr(transport, "_gt_split"):  # wrapped once
                 split_first_write(transport)
         return conn
 

@@ -11,9 +11,9 @@
 //
 //	pactive [-for DURATION]     runs until SIGINT/SIGTERM or DURATION, then prints
 //
-// Output: switch-outs under bpf_prog_active per task (pid, name, how many
-// while runnable, i.e. preempted), and the most common kernel stacks,
-// symbolised with /proc/kallsyms.
+// Output: switch-outs under bpf_prog_active, and preemptions inside a BPF
+// program, per task (pid, name, how many while runnable, i.e. preempted),
+// and the most common kernel stacks, symbolised with /proc/kallsyms.
 package main
 
 import (
@@ -160,7 +160,7 @@ func run(dur time.Duration) error {
 }
 
 func report(syms symtab, holders map[uint32]*holder, total int) {
-	fmt.Printf("switch-outs while bpf_prog_active was held: %d\n", total)
+	fmt.Printf("switch-outs recorded (bpf_prog_active held, or preempted inside a BPF program): %d\n", total)
 	list := make([]*holder, 0, len(holders))
 	for _, h := range holders {
 		list = append(list, h)
