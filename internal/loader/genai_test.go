@@ -4,6 +4,7 @@ package loader
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -116,6 +117,23 @@ func TestGenAIWalk(t *testing.T) {
 		` {"role": "user", "content": "a, \"model\": \"x\", \\\\\"model\": 1"}]`
 	bigMsgs := `[{"role": "user", "content": "` + strings.Repeat("lorem ipsum ", 6000) + `"}, ` +
 		`{"role": "user", "content": "` + strings.Repeat(`\"model\": \"no\" `, 400) + `"}]`
+	// The walk's runs (gt_ga_run) skip string bytes eight at a time where
+	// aligned and the bytes of containers no key of ours is in: escaped
+	// quotes and backslashes at every offset of a word, brackets and keys
+	// inside strings, decoy usage five levels down, whitespace and newlines
+	// between every token of a pretty-printed body.
+	var esc strings.Builder
+	for k := 0; k < 17; k++ {
+		esc.WriteString(`{"role": "user", "content": "` + strings.Repeat("a", k) + `\"model\": \"bad\", \\\\ [{]} \\\"usage\\\": 9"}, `)
+	}
+	runReq := "{\n\t\"messages\" :\n [" + esc.String() + `{"a": [[[{"usage": {"prompt_tokens": 5}}, "]", "\\"]]]}` + "] ,\n\t\"model\"\t:\t\"run-model\"\n}\n"
+	runResp := "{\n  \"model\": \"run-model-1\",\n  \"choices\": [{\"message\": {\"content\": \"" + strings.Repeat(`x\"}`, 1100) +
+		"\", \"usage\": {\"prompt_tokens\": 1}}}],\n  \"usage\": {\n    \"prompt_tokens\": 811,\n    \"completion_tokens\": 17\n  }\n}"
+	for _, b := range []string{runReq, runResp} {
+		if !json.Valid([]byte(b)) {
+			t.Fatalf("the runs' body is not JSON: %.200s", b)
+		}
+	}
 	chatReq := `{"messages": ` + decoyMsgs + `, "metadata": {"model": "nested"}, "model": "gpt-4o-mini"}`
 	bigReq := `{"messages": ` + bigMsgs + `, "tools": [{"type": "function", "function": {"name": "model"}}], "model": "big-model"}`
 	chatResp := `{"id": "c1", "object": "chat.completion", "model": "gpt-4o-mini-2024-07-18", "choices": [{"index": 0, ` +
@@ -163,6 +181,8 @@ func TestGenAIWalk(t *testing.T) {
 			genaiWant{"gpt-4o-mini", "gpt-4o-mini-2024-07-18", 123, 45}},
 		{"model after 80 KiB of messages, split writes", "/ng-rollout/t-1/v1/responses", bigReq, []int{100, 30000, 9},
 			respPieces, genaiWant{"big-model", "o3", 4096, 512}},
+		{"runs: escapes at every offset, brackets in strings, pretty", "/v1/chat/completions", runReq, []int{60, 1200}, []string{head(runResp) + runResp},
+			genaiWant{"run-model", "run-model-1", 811, 17}},
 		{"messages JSON pretty, chunked", "/v1/messages", `{"model":"claude-x","max_tokens":64,"messages":[]}`, nil,
 			chunkedJSON, genaiWant{"claude-x", "claude-x", 25, 15}},
 		{"chat SSE with include_usage", "/v1/chat/completions", `{"model": "m-stream", "stream": true}`, nil, chatSSE,

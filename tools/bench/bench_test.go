@@ -427,13 +427,17 @@ func TestGymTelemetryRows(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Errorf("--short --configs sid = %q, want %q", names, want)
 	}
-	// The asyncio family is for full runs.
+	// The asyncio family and the GenAI-off attribution row are for full runs.
 	full := workloadRows(false, "sid", false)
 	// ... with gymtrace at default and per_rollout (off and all run on uvloop).
-	if len(full) != len(want)+7 || !slices.ContainsFunc(full, func(c wlConfig) bool { return c.Name == "Gym telemetry per_rollout, no-op, sid asyncio" }) {
+	if len(full) != len(want)+8 || !slices.ContainsFunc(full, func(c wlConfig) bool { return c.Name == "Gym telemetry per_rollout, no-op, sid asyncio" }) ||
+		!slices.ContainsFunc(full, func(c wlConfig) bool { return c.Name == "default, GenAI off, sid" }) {
 		t.Errorf("full run, --configs sid: %d rows", len(full))
 	}
-	for _, c := range full[len(want):] {
+	for _, c := range full {
+		if slices.Contains(want, c.Name) || c.Name == "default, GenAI off, sid" {
+			continue
+		}
 		if baseOf(c) != "untraced, sid asyncio" || pyRoots[c.Runtime].loop != "asyncio" {
 			t.Errorf("%s: compared with %q on loop %q", c.Name, baseOf(c), pyRoots[c.Runtime].loop)
 		}

@@ -134,6 +134,10 @@ var workloadConfigs = slices.Concat([]wlConfig{
 	// measures what they cost, beside the Gym-telemetry rows whose side
 	// includes its own metrics.
 	{Name: "default, Gym metrics off, sid", Traced: true, Spec: "default", Runtime: runtimeSid, Args: []string{"--gym-metrics=false"}},
+	// `default` without the GenAI walk (--genai=false): per program, what
+	// the model bodies' walk costs (the twin row of the same name gives its
+	// CPU share).
+	{Name: "default, GenAI off, sid", Traced: true, Spec: "default", Runtime: runtimeSid, Args: []string{"--genai=false"}, FullOnly: true},
 	{Name: "per_rollout, sid", Traced: true, Spec: "per_rollout", Runtime: runtimeSid},
 	{Name: "all, sid", Traced: true, Spec: "all", Runtime: runtimeSid},
 }, gymTelRows(runtimeSid, "sid", false), []wlConfig{
