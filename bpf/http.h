@@ -378,6 +378,11 @@ static __always_inline void gt_copy_path(const __u8 *s, __u32 at, __u32 n, struc
 		__u8 c = s[(at + GT_PATH_MAX) & GT_SCRATCH_MASK];
 		if (at + GT_PATH_MAX < n && c != ' ' && c != '?' && c != '\r')
 			ev->flags |= GT_F_PATH_TRUNCATED;
+	} else if (at + ev->path_len >= n) {
+		// The read ended inside the path: a request line written in
+		// pieces (n is below its cap here, so these were all the bytes).
+		// The rest comes in a later read; what is here is not the path.
+		ev->flags |= GT_F_PATH_TRUNCATED;
 	}
 }
 

@@ -112,7 +112,7 @@ enum gt_method {
 
 enum gt_event_flag {
 	GT_F_TRACEPARENT = 1 << 0,     // traceparent[] holds the header's value
-	GT_F_PATH_TRUNCATED = 1 << 1,  // the path was longer than GT_PATH_MAX
+	GT_F_PATH_TRUNCATED = 1 << 1,  // path[] is not the whole path: longer than GT_PATH_MAX, or the read ended in it
 	GT_F_END_BY_CLOSE = 1 << 2,    // the body ended when the connection closed
 	GT_F_CHUNKED = 1 << 3,         // Transfer-Encoding: chunked
 	GT_F_UPGRADE = 1 << 4,         // 101 Switching Protocols: the connection stops being HTTP

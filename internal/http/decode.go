@@ -126,8 +126,15 @@ func Tuple(ev *loader.HTTPEvent) (local, remote netip.AddrPort) {
 	return netip.AddrPortFrom(la, ev.Tuple.Lport), netip.AddrPortFrom(ra, ev.Tuple.Rport)
 }
 
-// PathOf returns the request path the event carries.
+// PathOf returns the request path the event carries, "" when the kernel did
+// not see all of it (FlagPathTruncated: longer than it copies, or a request
+// line written in pieces whose first read ended inside the path). A part of
+// a path is not the path: it would name a span, pick a route and join a
+// client wrongly.
 func PathOf(ev *loader.HTTPEvent) string {
+	if ev.Flags&loader.FlagPathTruncated != 0 {
+		return ""
+	}
 	return string(ev.Path[:min(int(ev.PathLen), pathMax)])
 }
 

@@ -272,6 +272,46 @@ func TestSplitRequestAndLateTraceparent(t *testing.T) {
 	}
 }
 
+// A request line written in pieces, the first ending inside the path: the
+// server's first read holds "POST /v" only. That is not the path: the
+// record says so (FlagPathTruncated), and the exchange still pairs with its
+// response.
+func TestRequestLineSplitInPath(t *testing.T) {
+	r := newRig(t, allGroups)
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; i < 2; i++ {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			writeAll(t, c, "HTTP/1.1 204 No Content\r\n\r\n")
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	writeAll(t, c, "POST /v", "erify HTTP/1.1\r\nHost: res\r\nContent-Length: 11\r\n\r\n", `{"ok":true}`)
+	br.ReadString('\n')
+	br.ReadString('\n')
+	writeAll(t, c, "POST /verify HTTP/1.1\r\nHost: res\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
+	got := r.waitFor(2, kindSide(EvRequest, SideServer))
+	if len(got) != 2 {
+		t.Fatalf("server requests: %d, want 2", len(got))
+	}
+	if got[0].Flags&FlagPathTruncated == 0 || got[0].BodyLen != 11 {
+		t.Errorf("split request line: path %q flags %#x body %d; want FlagPathTruncated and body 11", path(&got[0]), got[0].Flags, got[0].BodyLen)
+	}
+	if path(&got[1]) != "/verify" || got[1].Flags&FlagPathTruncated != 0 {
+		t.Errorf("next request: path %q flags %#x; want /verify, whole", path(&got[1]), got[1].Flags)
+	}
+	if resp := r.waitFor(2, kindSide(EvResponse, SideServer)); len(resp) != 2 || resp[0].Status != 204 {
+		t.Errorf("responses: %d, want two 204s", len(resp))
+	}
+}
+
 func TestChunkedResponseEndsAtLastChunk(t *testing.T) {
 	r := newRig(t, allGroups)
 	addr := server(t, func(c net.Conn) {

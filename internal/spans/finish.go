@@ -78,10 +78,9 @@ func (b *Builder) emitServer(in *inbound) {
 		attrs := make([]attribute.KeyValue, 0, 14)
 		attrs = append(attrs,
 			attribute.String("http.request.method", x.Method),
-			attribute.String("url.path", x.Path),
 			attribute.String("url.scheme", scheme(x)),
-			attribute.String("http.route", in.ri.route),
 		)
+		attrs = appendPath(attrs, x, in.ri.route)
 		if x.Status > 0 {
 			attrs = append(attrs, attribute.Int("http.response.status_code", x.Status))
 		}
@@ -141,9 +140,13 @@ func (b *Builder) finishClient(out *outbound) {
 	}
 	host, port := serverAuthority(x)
 	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs, attribute.String("http.request.method", x.Method))
+	if x.ReqFlags&loader.FlagPathTruncated == 0 {
+		attrs = append(attrs, attribute.String("url.full", scheme(x)+"://"+hostPort(host, port, x.Host)+x.Path))
+	} else {
+		attrs = append(attrs, attribute.Bool("gymtrace.path.incomplete", true))
+	}
 	attrs = append(attrs,
-		attribute.String("http.request.method", x.Method),
-		attribute.String("url.full", scheme(x)+"://"+hostPort(host, port, x.Host)+x.Path),
 		attribute.String("server.address", host),
 		attribute.Int("server.port", port),
 		attribute.Int("network.local.port", int(x.Local.Port())),

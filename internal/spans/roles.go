@@ -267,7 +267,9 @@ func (b *Builder) release(pid uint32, r groups.Role) {
 		if h.server != nil {
 			ri := classify(r, h.server.method, h.server.path)
 			h.s.Name = serverSpanName(h.server.method, ri.route)
-			h.s.Attrs = setAttr(h.s.Attrs, attribute.String("http.route", ri.route))
+			if ri.route != "" {
+				h.s.Attrs = setAttr(h.s.Attrs, attribute.String("http.route", ri.route))
+			}
 		}
 		if r == groups.RoleUnknown && (h.server != nil || h.gym != nil) {
 			b.st.RoleUndecided++
@@ -343,11 +345,26 @@ func (b *Builder) noteInjected(id trace.SpanID, out *outbound) {
 	b.injected[id] = out
 }
 
+// serverSpanName is "{method} {route}", or the method alone when the path
+// is unknown (http.PathOf), as OTel's HTTP conventions name a span without
+// a route.
 func serverSpanName(method, route string) string {
 	if method == "_OTHER" {
-		return "HTTP " + route
+		method = "HTTP"
+	}
+	if route == "" {
+		return method
 	}
 	return method + " " + route
+}
+
+// appendPath adds a SERVER span's url.path and http.route, or, when the
+// kernel did not see the whole path, gymtrace.path.incomplete instead.
+func appendPath(attrs []attribute.KeyValue, x *http.Exchange, route string) []attribute.KeyValue {
+	if x.ReqFlags&loader.FlagPathTruncated != 0 {
+		return append(attrs, attribute.Bool("gymtrace.path.incomplete", true))
+	}
+	return append(attrs, attribute.String("url.path", x.Path), attribute.String("http.route", route))
 }
 
 func setAttr(attrs []attribute.KeyValue, kv attribute.KeyValue) []attribute.KeyValue {
