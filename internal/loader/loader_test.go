@@ -148,6 +148,28 @@ func server(t *testing.T, fn func(c net.Conn)) string {
 	return ln.Addr().String()
 }
 
+// dialAnswering dials a server that answers n requests (n < 0: every one
+// until the client closes) with resp each, and returns the client's
+// connection (closed at the test's end).
+func dialAnswering(t *testing.T, n int, resp string) net.Conn {
+	t.Helper()
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; n < 0 || i < n; i++ {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			writeAll(t, c, resp)
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // readRequest consumes one request (headers + Content-Length body).
 func readRequest(br *bufio.Reader) (string, error) {
 	line, err := br.ReadString('\n')
@@ -183,20 +205,7 @@ func writeAll(t *testing.T, c net.Conn, parts ...string) {
 
 func TestKeepAliveRequestsPairOnBothEnds(t *testing.T) {
 	r := newRig(t, allGroups)
-	addr := server(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for i := 0; i < 3; i++ {
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-		}
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAnswering(t, 3, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 	br := bufio.NewReader(c)
 	for i := 0; i < 3; i++ {
 		writeAll(t, c, fmt.Sprintf("POST /v1/responses?secret=x HTTP/1.1\r\nHost: model:8000\r\nContent-Length: 2\r\n\r\n{}"))
@@ -278,20 +287,7 @@ func TestSplitRequestAndLateTraceparent(t *testing.T) {
 // response.
 func TestRequestLineSplitInPath(t *testing.T) {
 	r := newRig(t, allGroups)
-	addr := server(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for i := 0; i < 2; i++ {
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			writeAll(t, c, "HTTP/1.1 204 No Content\r\n\r\n")
-		}
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAnswering(t, 2, "HTTP/1.1 204 No Content\r\n\r\n")
 	br := bufio.NewReader(c)
 	writeAll(t, c, "POST /v", "erify HTTP/1.1\r\nHost: res\r\nContent-Length: 11\r\n\r\n", `{"ok":true}`)
 	br.ReadString('\n')
@@ -563,20 +559,7 @@ func TestRequestStartSplitAcrossReads(t *testing.T) {
 
 func TestUnsampledInboundCopiesNothing(t *testing.T) {
 	r := newRig(t, allGroups)
-	addr := server(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for i := 0; i < 2; i++ {
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			writeAll(t, c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAnswering(t, 2, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	br := bufio.NewReader(c)
 	for _, flags := range []string{"00", "01"} {
 		writeAll(t, c, "GET /get_weather HTTP/1.1\r\nHost: h\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-"+flags+"\r\n\r\n")

@@ -79,20 +79,7 @@ func TestStreamSeqSameOnBothEnds(t *testing.T) {
 func TestStreamSeqVectoredAndPipelined(t *testing.T) {
 	r := newRig(t, allGroups)
 	resp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-	addr := server(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			writeAll(t, c, resp)
-		}
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAnswering(t, -1, resp)
 	br := bufio.NewReader(c)
 	body := strings.Repeat("y", 3000)
 	head := fmt.Sprintf("POST /v HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n", len(body))
