@@ -95,7 +95,8 @@ func loadKernel(t *testing.T) *kernel {
 			}
 			// Responses are the record's head alone (GT_HTTP_EVENT_HEAD: the fields
 			// before Reward), or the head and the reward.
-			if len(rec.RawSample) < int(unsafe.Offsetof(testbpf.Event{}.Reward)) {
+			// GenAI records are shorter: kept whole, taken by k.genai.
+			if len(rec.RawSample) < int(unsafe.Offsetof(testbpf.Event{}.Reward)) && rec.RawSample[0] != testbpf.EvGenAI {
 				continue
 			}
 			var e rawEvent
@@ -128,11 +129,14 @@ func (k *kernel) programs() Programs {
 }
 
 // gate writes the config: mask enabled, http_client possible for clients,
-// server for every role's inbound requests.
-func (k *kernel) gate(t *testing.T, mask groups.Mask, gen uint32) {
+// server for every role's inbound requests, and the config flags given.
+func (k *kernel) gate(t *testing.T, mask groups.Mask, gen uint32, flags ...uint32) {
 	t.Helper()
 	var c testbpf.Config
 	c.Mask = uint64(mask)
+	for _, f := range flags {
+		c.Flags |= f
+	}
 	c.ClientPossible = uint64(groups.HTTPClient.Mask())
 	for i := range c.ServerPossible {
 		c.ServerPossible[i] = uint64(groups.Server.Mask())
@@ -190,7 +194,8 @@ func (k *kernel) take(pid int) []rawEvent {
 
 // upstream is a local HTTPS server shaped like an OpenAI-compatible
 // endpoint: POST /v1/chat/completions streams three SSE events 60 ms apart
-// (chunked), anything else answers a fixed JSON body.
+// (chunked), /v1/responses answers upstreamResponses, anything else a fixed
+// JSON body.
 type upstream struct {
 	srv      *httptest.Server
 	port     int
@@ -226,6 +231,11 @@ func startUpstream(t *testing.T) *upstream {
 	u := &upstream{ca: cert, streamed: 120 * time.Millisecond}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/v1/responses" {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(upstreamResponses))
+			return
+		}
 		if r.URL.Path != "/v1/chat/completions" {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"ok": true}`))

@@ -26,6 +26,7 @@ const (
 	EvRequest         = uint8(tlstestGtEventKindGT_EV_REQUEST)
 	EvResponse        = uint8(tlstestGtEventKindGT_EV_RESPONSE)
 	EvClose           = uint8(tlstestGtEventKindGT_EV_CLOSE)
+	EvGenAI           = uint8(tlstestGtEventKindGT_EV_GENAI)
 	FlagTLS           = uint16(tlstestGtEventFlagGT_F_TLS)
 	FlagChunked       = uint16(tlstestGtEventFlagGT_F_CHUNKED)
 	FlagHost          = uint16(tlstestGtEventFlagGT_F_HOST)
