@@ -9,7 +9,18 @@
 #define GT_PEEK 16
 // The header scan's first window: most header blocks fit in it.
 #define GT_HDR_FIRST 512
-#define GT_MAX_STEPS_PER_BUF 128 // parse steps (start, headers, body; a walked chunk of a model exchange takes one) inside one syscall buffer
+// Parse steps (start, headers, body; a walked chunk of a model exchange takes
+// one) inside one syscall buffer. 1024: a 256 KiB read (asyncio's and
+// uvloop's read size) of a token-by-token SSE stream of ~250-byte events is
+// about 1000 chunks; past the limit the rest of the buffer's framing is lost.
+// A bound, not a cost: the loop runs as many steps as the buffer has. The
+// k510 build walks no model body (no chunk takes a step of its own there)
+// and verifies every iteration of this loop: 128 keeps its margin.
+#ifdef GT_K510
+#define GT_MAX_STEPS_PER_BUF 128
+#else
+#define GT_MAX_STEPS_PER_BUF 1024
+#endif
 #define GT_MAX_IOV_SEGS 4 // iovec segments parsed per vectored syscall; bytes past them: gt_iov_rest
 #define GT_MAX_CHUNKS_PER_BUF 16
 #define GT_MAX_HDR_BYTES (16 * 1024) // header blocks larger than this lose framing

@@ -90,11 +90,11 @@ struct gt_loops {
 	__u8 cdigits;
 	__u8 cext;
 	__u8 chunk_err; // gt_chunks: a chunk-size line did not parse
-	__u8 steps;     // gt_process: steps taken in this buffer
+	__u8 _pad_steps;
 	__u8 line[16];
 	__u64 ga_ubuf;  // gt_chunks: a model exchange's chunk data for gt_step to walk (bpf/http_genai.h)
 	__u32 ga_len;
-	__u32 _pad_ga;
+	__u32 steps; // gt_process: steps taken in this buffer (up to GT_MAX_STEPS_PER_BUF)
 };
 
 // gt_scan_reward's walk over a /verify response body (bpf/http_reward.h).

@@ -662,11 +662,11 @@ type bpfGtScratch struct {
 		Cdigits  uint8
 		Cext     uint8
 		ChunkErr uint8
-		Steps    uint8
+		PadSteps uint8
 		Line     [16]uint8
 		GaUbuf   uint64
 		GaLen    uint32
-		PadGa    uint32
+		Steps    uint32
 	}
 	RouteKey bpfGtRouteKey
 	Rw       struct {

@@ -161,6 +161,16 @@ func TestGenAIWalk(t *testing.T) {
 		chunk(sseEvent("content_block_delta", `{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "{\"usage\": {\"output_tokens\": 7}}"}}`)),
 		chunk(sseEvent("message_delta", `{"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 150}}`)),
 		chunk(sseEvent("message_stop", `{"type": "message_stop"}`)), "0\r\n\r\n"}
+	// A token-by-token stream of 600 events written in one write, as a
+	// server that fell behind flushes them (or a client reads them): 600
+	// chunks in one syscall buffer, each walked (a step of gt_process each).
+	var tokens strings.Builder
+	tokens.WriteString(sseHead)
+	for i := 0; i < 600; i++ {
+		tokens.WriteString(chunk(sseEvent("", fmt.Sprintf(`{"id": "c9", "object": "chat.completion.chunk", "model": "m-tok", "choices": [{"delta": {"content": "t%d"}}]}`, i))))
+	}
+	tokens.WriteString(chunk(sseEvent("", `{"id": "c9", "model": "m-tok", "choices": [], "usage": {"prompt_tokens": 600, "completion_tokens": 600}}`)))
+	tokens.WriteString(chunk(sseEvent("", `[DONE]`)) + "0\r\n\r\n")
 	// A Content-Length body over 64 KiB written in pieces cut inside a key
 	// and inside a number.
 	k := strings.Index(respResp, `"usage": {"input_tokens": 4096`)
@@ -187,6 +197,8 @@ func TestGenAIWalk(t *testing.T) {
 			chunkedJSON, genaiWant{"claude-x", "claude-x", 25, 15}},
 		{"chat SSE with include_usage", "/v1/chat/completions", `{"model": "m-stream", "stream": true}`, nil, chatSSE,
 			genaiWant{"m-stream", "m-stream", 31, 9}},
+		{"600 stream chunks in one write", "/v1/chat/completions", `{"model": "m-tok", "stream": true}`, nil, []string{tokens.String()},
+			genaiWant{"m-tok", "m-tok", 600, 600}},
 		{"responses SSE", "/v1/responses", `{"input": "hi", "model": "gpt-5", "stream": true}`, nil, respSSE,
 			genaiWant{"gpt-5", "gpt-5", 640, 64}},
 		{"messages SSE", "/v1/messages", `{"model": "claude-s", "stream": true}`, nil, msgSSE,

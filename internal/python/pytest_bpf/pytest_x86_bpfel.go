@@ -342,11 +342,11 @@ type pytestGtScratch struct {
 		Cdigits  uint8
 		Cext     uint8
 		ChunkErr uint8
-		Steps    uint8
+		PadSteps uint8
 		Line     [16]uint8
 		GaUbuf   uint64
 		GaLen    uint32
-		PadGa    uint32
+		Steps    uint32
 	}
 	RouteKey pytestGtRouteKey
 	Rw       struct {
