@@ -189,6 +189,7 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 		Seq:         ev.Seq,
 		Method:      MethodName(ev.Method),
 		Path:        PathOf(ev),
+		PathUnknown: PathUnknown(ev),
 		Host:        HostOf(ev),
 		Traceparent: TraceparentOf(ev),
 		Rollout:     RolloutOf(ev),

@@ -126,16 +126,22 @@ func Tuple(ev *loader.HTTPEvent) (local, remote netip.AddrPort) {
 	return netip.AddrPortFrom(la, ev.Tuple.Lport), netip.AddrPortFrom(ra, ev.Tuple.Rport)
 }
 
-// PathOf returns the request path the event carries, "" when the kernel did
-// not see all of it (FlagPathTruncated: longer than it copies, or a request
-// line written in pieces whose first read ended inside the path). A part of
-// a path is not the path: it would name a span, pick a route and join a
-// client wrongly.
+// PathOf returns the request path the event carries: "" when it is unknown
+// (PathUnknown), and a path longer than the kernel copies cut to its first
+// bytes (FlagPathTruncated at full length).
 func PathOf(ev *loader.HTTPEvent) string {
-	if ev.Flags&loader.FlagPathTruncated != 0 {
+	if PathUnknown(ev) {
 		return ""
 	}
 	return string(ev.Path[:min(int(ev.PathLen), pathMax)])
+}
+
+// PathUnknown reports a request whose first read ended inside its path (a
+// request line written in pieces: FlagPathTruncated on a path shorter than
+// the kernel copies). What the kernel saw, "/v" of "/verify", is not the
+// path: it would name a span, pick a route and join a client wrongly.
+func PathUnknown(ev *loader.HTTPEvent) bool {
+	return ev.Flags&loader.FlagPathTruncated != 0 && int(ev.PathLen) < pathMax
 }
 
 // HostOf returns the Host header value, "" when the event has none.

@@ -85,7 +85,8 @@ type Exchange struct {
 	Local, Remote netip.AddrPort // IPv4 addresses are unmapped (1.2.3.4, not ::ffff:1.2.3.4)
 
 	Method      string // "GET", "POST", ...; "_OTHER" when the kernel did not know it
-	Path        string // request path, never a query string
+	Path        string // request path, never a query string; "" when PathUnknown
+	PathUnknown bool   // the kernel saw only part of the path (PathUnknown): no name, route or join by it
 	Host        string // Host header value, "" when absent
 	Traceparent string // raw traceparent header value, "" when absent (not validated here)
 	// Server requests without traceparent in a process whose calls gymtrace

@@ -361,7 +361,7 @@ func serverSpanName(method, route string) string {
 // appendPath adds a SERVER span's url.path and http.route, or, when the
 // kernel did not see the whole path, gymtrace.path.incomplete instead.
 func appendPath(attrs []attribute.KeyValue, x *http.Exchange, route string) []attribute.KeyValue {
-	if x.ReqFlags&loader.FlagPathTruncated != 0 {
+	if x.PathUnknown {
 		return append(attrs, attribute.Bool("gymtrace.path.incomplete", true))
 	}
 	return append(attrs, attribute.String("url.path", x.Path), attribute.String("http.route", route))
