@@ -21,16 +21,10 @@ const upstreamResponses = `{"id": "r1", "object": "response", "model": "up-model
 // TLS programs hand the plaintext to the parser the syscalls feed, which
 // walks the model exchange's bodies. Each call's request model and the
 // answer's model and token counts reach userspace in one GenAI record for
-// that request, as over plain HTTP (internal/loader TestGenAIClientCalls),
+// that request, as over plain HTTP (internal/loader TestGenAIClientWalk),
 // and nothing else of the bodies.
 func TestKernelGenAIUpstreamTLS(t *testing.T) {
-	k := loadKernel(t)
-	u := startUpstream(t)
-	a, err := NewAttacher(k.programs(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	k, u, a := withUpstream(t)
 	k.gate(t, groups.MaskOf(groups.Server, groups.HTTPClient, groups.ModelCall), 1, loader.CfgGenAI)
 	rk := loader.NewRouteKey(loader.RoleModel, loader.MethodPOST, "/v1/responses")
 	if err := k.objs.GtRoutes.Put(&rk, uint64(groups.ModelCall.Mask())); err != nil {

@@ -376,7 +376,10 @@ func checkExchanges(t *testing.T, evs []rawEvent, u *upstream, n int, path strin
 	}
 }
 
-func TestKernel(t *testing.T) {
+// withUpstream loads the test object and starts the HTTPS upstream and an
+// attacher for the TLS programs (closed at the test's end).
+func withUpstream(t *testing.T) (*kernel, *upstream, *Attacher) {
+	t.Helper()
 	k := loadKernel(t)
 	u := startUpstream(t)
 	a, err := NewAttacher(k.programs(), Options{})
@@ -384,6 +387,11 @@ func TestKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
+	return k, u, a
+}
+
+func TestKernel(t *testing.T) {
+	k, u, a := withUpstream(t)
 	k.gate(t, groups.MaskOf(groups.Server, groups.HTTPClient), 1)
 
 	t.Run("aiohttp", func(t *testing.T) {
