@@ -141,10 +141,10 @@ func (b *Builder) finishClient(out *outbound) {
 	host, port := serverAuthority(x)
 	attrs := make([]attribute.KeyValue, 0, 10)
 	attrs = append(attrs, attribute.String("http.request.method", x.Method))
-	if !x.PathUnknown {
-		attrs = append(attrs, attribute.String("url.full", scheme(x)+"://"+hostPort(host, port, x.Host)+x.Path))
-	} else {
+	if x.PathUnknown {
 		attrs = append(attrs, attribute.Bool("gymtrace.path.incomplete", true))
+	} else {
+		attrs = append(attrs, attribute.String("url.full", scheme(x)+"://"+hostPort(host, port, x.Host)+x.Path))
 	}
 	attrs = append(attrs,
 		attribute.String("server.address", host),
