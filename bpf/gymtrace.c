@@ -35,6 +35,7 @@ enum gt_method gt_contract_method __attribute__((unused));
 enum gt_event_flag gt_contract_flag __attribute__((unused));
 enum gt_gap gt_contract_gap __attribute__((unused));
 enum gt_stat gt_contract_stat __attribute__((unused));
+enum gt_sys_prog gt_contract_sys_prog __attribute__((unused));
 enum gt_config_flag gt_contract_cfg_flag __attribute__((unused));
 enum gt_inject_stat gt_contract_inject_stat __attribute__((unused));
 enum gt_inject_cfg_flag gt_contract_inject_cfg __attribute__((unused));

@@ -33,10 +33,10 @@
 #ifndef GT_NO_PROGRAMS
 // gt_inject_enter, held whole where the kernel preempts syscall programs
 // (common/preempt.h, gt_sys_pin): it uses the per-CPU scratch too.
-static __always_inline int gt_inject_enter_pinned(int kind, __u64 a0, __u64 a1, __u64 a2)
+static __always_inline int gt_inject_enter_pinned(int kind, __u64 a0, __u64 a1, __u64 a2, __u32 prog)
 {
 	gt_sys_pin_off();
-	int r = gt_inject_enter(kind, a0, a1, a2);
+	int r = gt_inject_enter(kind, a0, a1, a2, prog);
 	gt_sys_pin_on();
 	return r;
 }
@@ -44,26 +44,30 @@ static __always_inline int gt_inject_enter_pinned(int kind, __u64 a0, __u64 a1, 
 SEC("tracepoint/syscalls/sys_enter_write")
 int gt_inject_enter_write(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter_pinned(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2], GT_SYS_INJECT_WRITE);
 }
+GT_UNDERSTUDY(gt_usi_write, "sys_enter_write", GT_SYS_INJECT_WRITE)
 
 SEC("tracepoint/syscalls/sys_enter_sendto")
 int gt_inject_enter_sendto(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter_pinned(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_PLAIN, ctx->args[0], ctx->args[1], ctx->args[2], GT_SYS_INJECT_SENDTO);
 }
+GT_UNDERSTUDY(gt_usi_sendto, "sys_enter_sendto", GT_SYS_INJECT_SENDTO)
 
 SEC("tracepoint/syscalls/sys_enter_writev")
 int gt_inject_enter_writev(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter_pinned(GT_IO_IOV, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_IOV, ctx->args[0], ctx->args[1], ctx->args[2], GT_SYS_INJECT_WRITEV);
 }
+GT_UNDERSTUDY(gt_usi_writev, "sys_enter_writev", GT_SYS_INJECT_WRITEV)
 
 SEC("tracepoint/syscalls/sys_enter_sendmsg")
 int gt_inject_enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
 {
-	return gt_inject_enter_pinned(GT_IO_MSG, ctx->args[0], ctx->args[1], ctx->args[2]);
+	return gt_inject_enter_pinned(GT_IO_MSG, ctx->args[0], ctx->args[1], ctx->args[2], GT_SYS_INJECT_SENDMSG);
 }
+GT_UNDERSTUDY(gt_usi_sendmsg, "sys_enter_sendmsg", GT_SYS_INJECT_SENDMSG)
 
 // Attached to the cgroup v2 root (internal/inject): every TCP socket of the
 // host passes here, and only targets' outbound ones are kept.

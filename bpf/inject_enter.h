@@ -240,11 +240,12 @@ static __always_inline int gt_inject_enter_target(__u64 id, int kind, __u64 a0, 
 	return 0;
 }
 
-static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a2)
+static __always_inline int gt_inject_enter(int kind, __u64 a0, __u64 a1, __u64 a2, __u32 prog)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!gt_is_target(id >> 32))
 		return 0;
+	gt_sys_ran_mark(prog); // common/understudy.h
 	__u64 t0 = gt_prof_begin();
 	gt_inject_enter_target(id, kind, a0, a1, a2);
 	gt_prof_end(GT_PROF_INJ_ENTER, t0);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "common/util.h"
+#include "common/understudy.h" // a second program for the runs a preempting kernel skips
 #include "io.h"
 
 // A process between its listen(2) and its first answer. Deleted at that
@@ -85,7 +86,10 @@ SEC("tracepoint/syscalls/sys_exit_listen")
 int gt_exit_listen(struct trace_event_raw_sys_exit *ctx)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!gt_is_target(tgid) || ctx->ret != 0)
+	if (!gt_is_target(tgid))
+		return 0;
+	gt_sys_ran_mark(GT_SYS_EXIT_LISTEN); // common/understudy.h
+	if (ctx->ret != 0)
 		return 0;
 	struct gt_target *t = bpf_map_lookup_elem(&gt_targets, &tgid);
 	if (!t || !(t->flags & GT_TARGET_CHILD))
@@ -110,4 +114,6 @@ int gt_exit_listen(struct trace_event_raw_sys_exit *ctx)
 	gt_startup_emit(GT_EV_STARTUP_LISTEN, tgid, s.port, t->role);
 	return 0;
 }
+
+GT_UNDERSTUDY(gt_us_listen, "sys_exit_listen", GT_SYS_EXIT_LISTEN)
 #endif

@@ -15,6 +15,7 @@
 #include "startup.h" // listen(2) and the first answer of a process starting (the startup group)
 #include "http_genai.h" // model names and token counts of model exchanges (message.h)
 #include "common/preempt.h" // gt_sys_pin: syscall programs held whole where the kernel preempts them
+#include "common/understudy.h" // and a second program for the runs the kernel skips there
 
 #include "tls_link.h" // HTTPS: SSL* <-> socket link, TLS connection table
 
@@ -381,13 +382,14 @@ static __always_inline int gt_on_io_target(__u64 id, long ret, __u8 dir, int kin
 	return 0;
 }
 
-static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
+static __always_inline int gt_on_io(long ret, __u8 dir, int kind, __u32 prog)
 {
 	// From the first instruction: a run stopped anywhere keeps the others
 	// of this program on its CPU out (common/preempt.h).
 	gt_sys_pin_off();
 	__u64 id = bpf_get_current_pid_tgid();
 	if (gt_is_target(id >> 32)) {
+		gt_sys_ran_mark(prog); // common/understudy.h
 		__u64 t0 = gt_prof_begin();
 		gt_on_io_target(id, ret, dir, kind);
 		gt_prof_end(GT_PROF_IO, t0);
@@ -398,28 +400,28 @@ static __always_inline int gt_on_io(long ret, __u8 dir, int kind)
 
 #ifndef GT_NO_PROGRAMS // verifier tests include the helpers alone
 SEC("tracepoint/syscalls/sys_exit_read")
-int gt_exit_read(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_PLAIN); }
+int gt_exit_read(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_PLAIN, GT_SYS_EXIT_READ); }
 
 SEC("tracepoint/syscalls/sys_exit_recvfrom")
-int gt_exit_recvfrom(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_PLAIN); }
+int gt_exit_recvfrom(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_PLAIN, GT_SYS_EXIT_RECVFROM); }
 
 SEC("tracepoint/syscalls/sys_exit_readv")
-int gt_exit_readv(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_IOV); }
+int gt_exit_readv(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_IOV, GT_SYS_EXIT_READV); }
 
 SEC("tracepoint/syscalls/sys_exit_recvmsg")
-int gt_exit_recvmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_MSG); }
+int gt_exit_recvmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 0, GT_IO_MSG, GT_SYS_EXIT_RECVMSG); }
 
 SEC("tracepoint/syscalls/sys_exit_write")
-int gt_exit_write(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_PLAIN); }
+int gt_exit_write(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_PLAIN, GT_SYS_EXIT_WRITE); }
 
 SEC("tracepoint/syscalls/sys_exit_sendto")
-int gt_exit_sendto(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_PLAIN); }
+int gt_exit_sendto(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_PLAIN, GT_SYS_EXIT_SENDTO); }
 
 SEC("tracepoint/syscalls/sys_exit_writev")
-int gt_exit_writev(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_IOV); }
+int gt_exit_writev(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_IOV, GT_SYS_EXIT_WRITEV); }
 
 SEC("tracepoint/syscalls/sys_exit_sendmsg")
-int gt_exit_sendmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_MSG); }
+int gt_exit_sendmsg(struct trace_event_raw_sys_exit *ctx) { return gt_on_io(ctx->ret, 1, GT_IO_MSG, GT_SYS_EXIT_SENDMSG); }
 
 static __always_inline int gt_enter_close_run(struct trace_event_raw_sys_enter *ctx);
 
@@ -438,6 +440,7 @@ static __always_inline int gt_enter_close_run(struct trace_event_raw_sys_enter *
 	__u32 tgid = id >> 32;
 	if (!gt_is_target(tgid))
 		return 0;
+	gt_sys_ran_mark(GT_SYS_ENTER_CLOSE); // common/understudy.h
 	struct gt_conn_key key = {.tgid = tgid, .fd = (__s32)ctx->args[0]};
 	struct gt_conn *c = bpf_map_lookup_elem(&gt_conns, &key);
 	if (!c)
@@ -474,5 +477,17 @@ static __always_inline int gt_enter_close_run(struct trace_event_raw_sys_enter *
 	bpf_map_delete_elem(&gt_conns, &key);
 	return 0;
 }
+
+// Understudies (common/understudy.h), attached only where the kernel runs
+// these programs preemptible.
+GT_UNDERSTUDY(gt_us_read, "sys_exit_read", GT_SYS_EXIT_READ)
+GT_UNDERSTUDY(gt_us_recvfrom, "sys_exit_recvfrom", GT_SYS_EXIT_RECVFROM)
+GT_UNDERSTUDY(gt_us_readv, "sys_exit_readv", GT_SYS_EXIT_READV)
+GT_UNDERSTUDY(gt_us_recvmsg, "sys_exit_recvmsg", GT_SYS_EXIT_RECVMSG)
+GT_UNDERSTUDY(gt_us_write, "sys_exit_write", GT_SYS_EXIT_WRITE)
+GT_UNDERSTUDY(gt_us_sendto, "sys_exit_sendto", GT_SYS_EXIT_SENDTO)
+GT_UNDERSTUDY(gt_us_writev, "sys_exit_writev", GT_SYS_EXIT_WRITEV)
+GT_UNDERSTUDY(gt_us_sendmsg, "sys_exit_sendmsg", GT_SYS_EXIT_SENDMSG)
+GT_UNDERSTUDY(gt_us_close, "sys_enter_close", GT_SYS_ENTER_CLOSE)
 #endif
 

@@ -183,7 +183,30 @@ enum gt_stat {
 	// Connection entries found stale: the fd now names another socket (its
 	// close went unseen); ended as at a close, followed afresh.
 	GT_STAT_STALE_CONN = 56,
-	GT_STAT_MAX = 57,
+	// Syscall events a program's understudy handled because the kernel
+	// skipped the program itself (bpf/common/understudy.h): nothing lost.
+	GT_STAT_STOOD_IN = 57,
+	GT_STAT_MAX = 58,
+};
+
+// The syscall programs that have an understudy (bpf/common/understudy.h):
+// each one's slot in gt_sys_tails, and the mark it leaves in gt_sys_ran.
+enum gt_sys_prog {
+	GT_SYS_EXIT_READ = 0,
+	GT_SYS_EXIT_RECVFROM = 1,
+	GT_SYS_EXIT_READV = 2,
+	GT_SYS_EXIT_RECVMSG = 3,
+	GT_SYS_EXIT_WRITE = 4,
+	GT_SYS_EXIT_SENDTO = 5,
+	GT_SYS_EXIT_WRITEV = 6,
+	GT_SYS_EXIT_SENDMSG = 7,
+	GT_SYS_ENTER_CLOSE = 8,
+	GT_SYS_EXIT_LISTEN = 9,
+	GT_SYS_INJECT_WRITE = 10, // injection's sys_enter programs (bpf/inject.h)
+	GT_SYS_INJECT_SENDTO = 11,
+	GT_SYS_INJECT_WRITEV = 12,
+	GT_SYS_INJECT_SENDMSG = 13,
+	GT_SYS_PROGS = 14,
 };
 
 struct gt_tuple {

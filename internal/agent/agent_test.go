@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -118,6 +119,9 @@ func TestProgramsSkipped(t *testing.T) {
 	}
 	if got := programsSkipped(map[string]fakeProgStats{}); got != 0 {
 		t.Errorf("no programs: %d", got)
+	}
+	if got, want := strings.Join(programsSkippedBy(progs), " "), "gt_exit_read=14 gt_exit_recvfrom=2 gt_exit_write=3"; got != want {
+		t.Errorf("programsSkippedBy = %q, want %q", got, want)
 	}
 }
 

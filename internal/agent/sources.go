@@ -3,6 +3,9 @@
 package agent
 
 import (
+	"fmt"
+	"slices"
+
 	"github.com/cilium/ebpf"
 
 	"github.com/gymtrace/gymtrace/internal/groups"
@@ -41,6 +44,9 @@ func (t *agent) metricSources() metrics.Sources {
 			out := kernelCounters(t.kernelStats())
 			injectCounters(t.inj, out)
 			out["program_skipped"] = programsSkipped(loadedPrograms(t.kern.Programs()))
+			// Runs of a syscall program the kernel skipped and its
+			// understudy made (bpf/common/understudy.h): nothing lost.
+			out["program_stood_in"] = t.kernelStats()[loader.StatStoodIn]
 			return out
 		},
 		PythonContext: func() map[string]uint64 {
@@ -156,6 +162,21 @@ func programsSkipped[P programStats](progs map[string]P) uint64 {
 		}
 	}
 	return n
+}
+
+// programsSkippedBy gives each program's skipped runs, "name=count" in
+// name order, the programs with none left out: which program the kernel
+// skips tells why (a syscall program preempted halfway, a map operation
+// holding bpf_prog_active).
+func programsSkippedBy[P programStats](progs map[string]P) []string {
+	var out []string
+	for name, p := range progs {
+		if st, err := p.Stats(); err == nil && st != nil && st.RecursionMisses > 0 {
+			out = append(out, fmt.Sprintf("%s=%d", name, st.RecursionMisses))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // loadedPrograms leaves out the programs not loaded (nil).

@@ -93,6 +93,16 @@ func (t *agent) shutdown() {
 			t.log.Info("bpf section", "name", r.Name, "runs", r.Count, "ns_per_run", int(r.NsPer))
 		}
 	}
+	if t.kern != nil {
+		if skipped := programsSkippedBy(loadedPrograms(t.kern.Programs())); len(skipped) > 0 {
+			t.log.Warn("the kernel skipped runs of gymtrace's programs (recursion misses: what they would have seen is missing, counted in gymtrace_kernel_events_total{reason=\"program_skipped\"})",
+				"runs_skipped", skipped)
+		}
+		if stood := programsSkippedBy(loadedPrograms(t.kern.Understudied())); len(stood) > 0 {
+			t.log.Info("the kernel skipped runs of syscall programs and their understudies made them (nothing lost; gymtrace_kernel_events_total{reason=\"program_stood_in\"})",
+				"runs_stood_in", stood)
+		}
+	}
 	t.log.Info("gymtrace: detached", "spans_exported", st.Exported, "spans_failed", st.Failed, "spans_dropped", st.Dropped)
 }
 

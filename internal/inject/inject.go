@@ -37,6 +37,11 @@ type Programs struct {
 	EnterSendto  *ebpf.Program // sys_enter_sendto
 	EnterWritev  *ebpf.Program // sys_enter_writev
 	EnterSendmsg *ebpf.Program // sys_enter_sendmsg
+	// Where the kernel runs syscall programs preemptible, each Enter* has
+	// an understudy attached after it, for the runs the kernel skips
+	// (bpf/common/understudy.h; the loader has given them their programs).
+	Understudies                                       bool
+	UnderWrite, UnderSendto, UnderWritev, UnderSendmsg *ebpf.Program
 
 	Config    *ebpf.Map // gt_inject_config
 	TraceCtxs *ebpf.Map // gt_trace_ctxs
@@ -166,18 +171,24 @@ func Attach(p Programs, o Options) (*Injector, error) {
 	}
 	in.skmsg = true
 	for _, tp := range []struct {
-		name string
-		prog *ebpf.Program
+		name        string
+		prog, under *ebpf.Program
 	}{
-		{"sys_enter_write", p.EnterWrite}, {"sys_enter_sendto", p.EnterSendto},
-		{"sys_enter_writev", p.EnterWritev}, {"sys_enter_sendmsg", p.EnterSendmsg},
+		{"sys_enter_write", p.EnterWrite, p.UnderWrite}, {"sys_enter_sendto", p.EnterSendto, p.UnderSendto},
+		{"sys_enter_writev", p.EnterWritev, p.UnderWritev}, {"sys_enter_sendmsg", p.EnterSendmsg, p.UnderSendmsg},
 	} {
-		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
-		if err != nil {
-			in.Close()
-			return nil, fmt.Errorf("attaching tracepoint syscalls/%s: %w", tp.name, err)
+		progs := []*ebpf.Program{tp.prog}
+		if p.Understudies && tp.under != nil {
+			progs = append(progs, tp.under) // after its program: the kernel runs them in attach order
 		}
-		in.links = append(in.links, l)
+		for _, prog := range progs {
+			l, err := link.Tracepoint("syscalls", tp.name, prog, nil)
+			if err != nil {
+				in.Close()
+				return nil, fmt.Errorf("attaching tracepoint syscalls/%s: %w", tp.name, err)
+			}
+			in.links = append(in.links, l)
+		}
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: o.CgroupPath, Attach: ebpf.AttachCGroupSockOps, Program: p.SockOps})
 	if err != nil {

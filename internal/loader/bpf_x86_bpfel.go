@@ -746,7 +746,28 @@ const (
 	bpfGtStatGT_STAT_GENAI_MALFORMED  bpfGtStat = 54
 	bpfGtStatGT_STAT_GENAI_INCOMPLETE bpfGtStat = 55
 	bpfGtStatGT_STAT_STALE_CONN       bpfGtStat = 56
-	bpfGtStatGT_STAT_MAX              bpfGtStat = 57
+	bpfGtStatGT_STAT_STOOD_IN         bpfGtStat = 57
+	bpfGtStatGT_STAT_MAX              bpfGtStat = 58
+)
+
+type bpfGtSysProg uint32
+
+const (
+	bpfGtSysProgGT_SYS_EXIT_READ      bpfGtSysProg = 0
+	bpfGtSysProgGT_SYS_EXIT_RECVFROM  bpfGtSysProg = 1
+	bpfGtSysProgGT_SYS_EXIT_READV     bpfGtSysProg = 2
+	bpfGtSysProgGT_SYS_EXIT_RECVMSG   bpfGtSysProg = 3
+	bpfGtSysProgGT_SYS_EXIT_WRITE     bpfGtSysProg = 4
+	bpfGtSysProgGT_SYS_EXIT_SENDTO    bpfGtSysProg = 5
+	bpfGtSysProgGT_SYS_EXIT_WRITEV    bpfGtSysProg = 6
+	bpfGtSysProgGT_SYS_EXIT_SENDMSG   bpfGtSysProg = 7
+	bpfGtSysProgGT_SYS_ENTER_CLOSE    bpfGtSysProg = 8
+	bpfGtSysProgGT_SYS_EXIT_LISTEN    bpfGtSysProg = 9
+	bpfGtSysProgGT_SYS_INJECT_WRITE   bpfGtSysProg = 10
+	bpfGtSysProgGT_SYS_INJECT_SENDTO  bpfGtSysProg = 11
+	bpfGtSysProgGT_SYS_INJECT_WRITEV  bpfGtSysProg = 12
+	bpfGtSysProgGT_SYS_INJECT_SENDMSG bpfGtSysProg = 13
+	bpfGtSysProgGT_SYS_PROGS          bpfGtSysProg = 14
 )
 
 type bpfGtTarget struct {
@@ -931,6 +952,8 @@ const (
 	bpfMapGtScratch              = "gt_scratch"
 	bpfMapGtStartups             = "gt_startups"
 	bpfMapGtStats                = "gt_stats"
+	bpfMapGtSysRan               = "gt_sys_ran"
+	bpfMapGtSysTails             = "gt_sys_tails"
 	bpfMapGtTargetBits           = "gt_target_bits"
 	bpfMapGtTargets              = "gt_targets"
 	bpfMapGtTlsCalls             = "gt_tls_calls"
@@ -965,6 +988,20 @@ const (
 	bpfProgGtTlsHandshake        = "gt_tls_handshake"
 	bpfProgGtTlsRwEntry          = "gt_tls_rw_entry"
 	bpfProgGtTlsRwRet            = "gt_tls_rw_ret"
+	bpfProgGtUsClose             = "gt_us_close"
+	bpfProgGtUsListen            = "gt_us_listen"
+	bpfProgGtUsRead              = "gt_us_read"
+	bpfProgGtUsReadv             = "gt_us_readv"
+	bpfProgGtUsRecvfrom          = "gt_us_recvfrom"
+	bpfProgGtUsRecvmsg           = "gt_us_recvmsg"
+	bpfProgGtUsSendmsg           = "gt_us_sendmsg"
+	bpfProgGtUsSendto            = "gt_us_sendto"
+	bpfProgGtUsWrite             = "gt_us_write"
+	bpfProgGtUsWritev            = "gt_us_writev"
+	bpfProgGtUsiSendmsg          = "gt_usi_sendmsg"
+	bpfProgGtUsiSendto           = "gt_usi_sendto"
+	bpfProgGtUsiWrite            = "gt_usi_write"
+	bpfProgGtUsiWritev           = "gt_usi_writev"
 	bpfVarGtContractCfgFlag      = "gt_contract_cfg_flag"
 	bpfVarGtContractFlag         = "gt_contract_flag"
 	bpfVarGtContractGap          = "gt_contract_gap"
@@ -985,6 +1022,7 @@ const (
 	bpfVarGtContractRole         = "gt_contract_role"
 	bpfVarGtContractSide         = "gt_contract_side"
 	bpfVarGtContractStat         = "gt_contract_stat"
+	bpfVarGtContractSysProg      = "gt_contract_sys_prog"
 	bpfVarGtContractTargetFlag   = "gt_contract_target_flag"
 	bpfVarGtContractTraceCtx     = "gt_contract_trace_ctx"
 	bpfVarGtContractVerb         = "gt_contract_verb"
@@ -1065,6 +1103,20 @@ type bpfProgramSpecs struct {
 	GtTlsHandshake       *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet           *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
+	GtUsClose            *ebpf.ProgramSpec `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.ProgramSpec `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.ProgramSpec `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.ProgramSpec `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.ProgramSpec `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.ProgramSpec `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.ProgramSpec `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.ProgramSpec `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.ProgramSpec `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.ProgramSpec `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.ProgramSpec `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.ProgramSpec `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.ProgramSpec `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.ProgramSpec `ebpf:"gt_usi_writev"`
 }
 
 // bpfMapSpecs contains maps before they are loaded into the kernel.
@@ -1100,6 +1152,8 @@ type bpfMapSpecs struct {
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.MapSpec `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.MapSpec `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.MapSpec `ebpf:"gt_tls_calls"`
@@ -1134,6 +1188,7 @@ type bpfVariableSpecs struct {
 	GtContractRole         *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide         *ebpf.VariableSpec `ebpf:"gt_contract_side"`
 	GtContractStat         *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
+	GtContractSysProg      *ebpf.VariableSpec `ebpf:"gt_contract_sys_prog"`
 	GtContractTargetFlag   *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
@@ -1195,6 +1250,8 @@ type bpfMaps struct {
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.Map `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.Map `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.Map `ebpf:"gt_tls_calls"`
@@ -1236,6 +1293,8 @@ func (m *bpfMaps) Close() error {
 		m.GtScratch,
 		m.GtStartups,
 		m.GtStats,
+		m.GtSysRan,
+		m.GtSysTails,
 		m.GtTargetBits,
 		m.GtTargets,
 		m.GtTlsCalls,
@@ -1271,6 +1330,7 @@ type bpfVariables struct {
 	GtContractRole         *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide         *ebpf.Variable `ebpf:"gt_contract_side"`
 	GtContractStat         *ebpf.Variable `ebpf:"gt_contract_stat"`
+	GtContractSysProg      *ebpf.Variable `ebpf:"gt_contract_sys_prog"`
 	GtContractTargetFlag   *ebpf.Variable `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.Variable `ebpf:"gt_contract_verb"`
@@ -1313,6 +1373,20 @@ type bpfPrograms struct {
 	GtTlsHandshake       *ebpf.Program `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.Program `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet           *ebpf.Program `ebpf:"gt_tls_rw_ret"`
+	GtUsClose            *ebpf.Program `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.Program `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.Program `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.Program `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.Program `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.Program `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.Program `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.Program `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.Program `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.Program `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.Program `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.Program `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.Program `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.Program `ebpf:"gt_usi_writev"`
 }
 
 func (p *bpfPrograms) Close() error {
@@ -1343,6 +1417,20 @@ func (p *bpfPrograms) Close() error {
 		p.GtTlsHandshake,
 		p.GtTlsRwEntry,
 		p.GtTlsRwRet,
+		p.GtUsClose,
+		p.GtUsListen,
+		p.GtUsRead,
+		p.GtUsReadv,
+		p.GtUsRecvfrom,
+		p.GtUsRecvmsg,
+		p.GtUsSendmsg,
+		p.GtUsSendto,
+		p.GtUsWrite,
+		p.GtUsWritev,
+		p.GtUsiSendmsg,
+		p.GtUsiSendto,
+		p.GtUsiWrite,
+		p.GtUsiWritev,
 	)
 }
 

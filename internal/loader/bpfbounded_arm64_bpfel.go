@@ -45,6 +45,8 @@ const (
 	bpfboundedMapGtScratch              = "gt_scratch"
 	bpfboundedMapGtStartups             = "gt_startups"
 	bpfboundedMapGtStats                = "gt_stats"
+	bpfboundedMapGtSysRan               = "gt_sys_ran"
+	bpfboundedMapGtSysTails             = "gt_sys_tails"
 	bpfboundedMapGtTargetBits           = "gt_target_bits"
 	bpfboundedMapGtTargets              = "gt_targets"
 	bpfboundedMapGtTlsCalls             = "gt_tls_calls"
@@ -79,6 +81,20 @@ const (
 	bpfboundedProgGtTlsHandshake        = "gt_tls_handshake"
 	bpfboundedProgGtTlsRwEntry          = "gt_tls_rw_entry"
 	bpfboundedProgGtTlsRwRet            = "gt_tls_rw_ret"
+	bpfboundedProgGtUsClose             = "gt_us_close"
+	bpfboundedProgGtUsListen            = "gt_us_listen"
+	bpfboundedProgGtUsRead              = "gt_us_read"
+	bpfboundedProgGtUsReadv             = "gt_us_readv"
+	bpfboundedProgGtUsRecvfrom          = "gt_us_recvfrom"
+	bpfboundedProgGtUsRecvmsg           = "gt_us_recvmsg"
+	bpfboundedProgGtUsSendmsg           = "gt_us_sendmsg"
+	bpfboundedProgGtUsSendto            = "gt_us_sendto"
+	bpfboundedProgGtUsWrite             = "gt_us_write"
+	bpfboundedProgGtUsWritev            = "gt_us_writev"
+	bpfboundedProgGtUsiSendmsg          = "gt_usi_sendmsg"
+	bpfboundedProgGtUsiSendto           = "gt_usi_sendto"
+	bpfboundedProgGtUsiWrite            = "gt_usi_write"
+	bpfboundedProgGtUsiWritev           = "gt_usi_writev"
 	bpfboundedVarGtContractCfgFlag      = "gt_contract_cfg_flag"
 	bpfboundedVarGtContractFlag         = "gt_contract_flag"
 	bpfboundedVarGtContractGap          = "gt_contract_gap"
@@ -99,6 +115,7 @@ const (
 	bpfboundedVarGtContractRole         = "gt_contract_role"
 	bpfboundedVarGtContractSide         = "gt_contract_side"
 	bpfboundedVarGtContractStat         = "gt_contract_stat"
+	bpfboundedVarGtContractSysProg      = "gt_contract_sys_prog"
 	bpfboundedVarGtContractTargetFlag   = "gt_contract_target_flag"
 	bpfboundedVarGtContractTraceCtx     = "gt_contract_trace_ctx"
 	bpfboundedVarGtContractVerb         = "gt_contract_verb"
@@ -179,6 +196,20 @@ type bpfboundedProgramSpecs struct {
 	GtTlsHandshake       *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet           *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
+	GtUsClose            *ebpf.ProgramSpec `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.ProgramSpec `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.ProgramSpec `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.ProgramSpec `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.ProgramSpec `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.ProgramSpec `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.ProgramSpec `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.ProgramSpec `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.ProgramSpec `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.ProgramSpec `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.ProgramSpec `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.ProgramSpec `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.ProgramSpec `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.ProgramSpec `ebpf:"gt_usi_writev"`
 }
 
 // bpfboundedMapSpecs contains maps before they are loaded into the kernel.
@@ -214,6 +245,8 @@ type bpfboundedMapSpecs struct {
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.MapSpec `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.MapSpec `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.MapSpec `ebpf:"gt_tls_calls"`
@@ -248,6 +281,7 @@ type bpfboundedVariableSpecs struct {
 	GtContractRole         *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide         *ebpf.VariableSpec `ebpf:"gt_contract_side"`
 	GtContractStat         *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
+	GtContractSysProg      *ebpf.VariableSpec `ebpf:"gt_contract_sys_prog"`
 	GtContractTargetFlag   *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
@@ -309,6 +343,8 @@ type bpfboundedMaps struct {
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.Map `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.Map `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.Map `ebpf:"gt_tls_calls"`
@@ -350,6 +386,8 @@ func (m *bpfboundedMaps) Close() error {
 		m.GtScratch,
 		m.GtStartups,
 		m.GtStats,
+		m.GtSysRan,
+		m.GtSysTails,
 		m.GtTargetBits,
 		m.GtTargets,
 		m.GtTlsCalls,
@@ -385,6 +423,7 @@ type bpfboundedVariables struct {
 	GtContractRole         *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide         *ebpf.Variable `ebpf:"gt_contract_side"`
 	GtContractStat         *ebpf.Variable `ebpf:"gt_contract_stat"`
+	GtContractSysProg      *ebpf.Variable `ebpf:"gt_contract_sys_prog"`
 	GtContractTargetFlag   *ebpf.Variable `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.Variable `ebpf:"gt_contract_verb"`
@@ -427,6 +466,20 @@ type bpfboundedPrograms struct {
 	GtTlsHandshake       *ebpf.Program `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.Program `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet           *ebpf.Program `ebpf:"gt_tls_rw_ret"`
+	GtUsClose            *ebpf.Program `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.Program `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.Program `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.Program `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.Program `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.Program `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.Program `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.Program `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.Program `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.Program `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.Program `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.Program `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.Program `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.Program `ebpf:"gt_usi_writev"`
 }
 
 func (p *bpfboundedPrograms) Close() error {
@@ -457,6 +510,20 @@ func (p *bpfboundedPrograms) Close() error {
 		p.GtTlsHandshake,
 		p.GtTlsRwEntry,
 		p.GtTlsRwRet,
+		p.GtUsClose,
+		p.GtUsListen,
+		p.GtUsRead,
+		p.GtUsReadv,
+		p.GtUsRecvfrom,
+		p.GtUsRecvmsg,
+		p.GtUsSendmsg,
+		p.GtUsSendto,
+		p.GtUsWrite,
+		p.GtUsWritev,
+		p.GtUsiSendmsg,
+		p.GtUsiSendto,
+		p.GtUsiWrite,
+		p.GtUsiWritev,
 	)
 }
 

@@ -49,6 +49,8 @@ const (
 	bpfk510MapGtScratch              = "gt_scratch"
 	bpfk510MapGtStartups             = "gt_startups"
 	bpfk510MapGtStats                = "gt_stats"
+	bpfk510MapGtSysRan               = "gt_sys_ran"
+	bpfk510MapGtSysTails             = "gt_sys_tails"
 	bpfk510MapGtTargetBits           = "gt_target_bits"
 	bpfk510MapGtTargets              = "gt_targets"
 	bpfk510MapGtTlsCalls             = "gt_tls_calls"
@@ -83,6 +85,20 @@ const (
 	bpfk510ProgGtTlsHandshake        = "gt_tls_handshake"
 	bpfk510ProgGtTlsRwEntry          = "gt_tls_rw_entry"
 	bpfk510ProgGtTlsRwRet            = "gt_tls_rw_ret"
+	bpfk510ProgGtUsClose             = "gt_us_close"
+	bpfk510ProgGtUsListen            = "gt_us_listen"
+	bpfk510ProgGtUsRead              = "gt_us_read"
+	bpfk510ProgGtUsReadv             = "gt_us_readv"
+	bpfk510ProgGtUsRecvfrom          = "gt_us_recvfrom"
+	bpfk510ProgGtUsRecvmsg           = "gt_us_recvmsg"
+	bpfk510ProgGtUsSendmsg           = "gt_us_sendmsg"
+	bpfk510ProgGtUsSendto            = "gt_us_sendto"
+	bpfk510ProgGtUsWrite             = "gt_us_write"
+	bpfk510ProgGtUsWritev            = "gt_us_writev"
+	bpfk510ProgGtUsiSendmsg          = "gt_usi_sendmsg"
+	bpfk510ProgGtUsiSendto           = "gt_usi_sendto"
+	bpfk510ProgGtUsiWrite            = "gt_usi_write"
+	bpfk510ProgGtUsiWritev           = "gt_usi_writev"
 	bpfk510VarGtContractCfgFlag      = "gt_contract_cfg_flag"
 	bpfk510VarGtContractFlag         = "gt_contract_flag"
 	bpfk510VarGtContractGap          = "gt_contract_gap"
@@ -103,6 +119,7 @@ const (
 	bpfk510VarGtContractRole         = "gt_contract_role"
 	bpfk510VarGtContractSide         = "gt_contract_side"
 	bpfk510VarGtContractStat         = "gt_contract_stat"
+	bpfk510VarGtContractSysProg      = "gt_contract_sys_prog"
 	bpfk510VarGtContractTargetFlag   = "gt_contract_target_flag"
 	bpfk510VarGtContractTraceCtx     = "gt_contract_trace_ctx"
 	bpfk510VarGtContractVerb         = "gt_contract_verb"
@@ -184,6 +201,20 @@ type bpfk510ProgramSpecs struct {
 	GtTlsHandshake       *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet           *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
+	GtUsClose            *ebpf.ProgramSpec `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.ProgramSpec `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.ProgramSpec `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.ProgramSpec `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.ProgramSpec `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.ProgramSpec `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.ProgramSpec `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.ProgramSpec `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.ProgramSpec `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.ProgramSpec `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.ProgramSpec `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.ProgramSpec `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.ProgramSpec `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.ProgramSpec `ebpf:"gt_usi_writev"`
 }
 
 // bpfk510MapSpecs contains maps before they are loaded into the kernel.
@@ -223,6 +254,8 @@ type bpfk510MapSpecs struct {
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.MapSpec `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.MapSpec `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.MapSpec `ebpf:"gt_tls_calls"`
@@ -257,6 +290,7 @@ type bpfk510VariableSpecs struct {
 	GtContractRole         *ebpf.VariableSpec `ebpf:"gt_contract_role"`
 	GtContractSide         *ebpf.VariableSpec `ebpf:"gt_contract_side"`
 	GtContractStat         *ebpf.VariableSpec `ebpf:"gt_contract_stat"`
+	GtContractSysProg      *ebpf.VariableSpec `ebpf:"gt_contract_sys_prog"`
 	GtContractTargetFlag   *ebpf.VariableSpec `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.VariableSpec `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.VariableSpec `ebpf:"gt_contract_verb"`
@@ -323,6 +357,8 @@ type bpfk510Maps struct {
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.Map `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.Map `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsCalls      *ebpf.Map `ebpf:"gt_tls_calls"`
@@ -368,6 +404,8 @@ func (m *bpfk510Maps) Close() error {
 		m.GtScratch,
 		m.GtStartups,
 		m.GtStats,
+		m.GtSysRan,
+		m.GtSysTails,
 		m.GtTargetBits,
 		m.GtTargets,
 		m.GtTlsCalls,
@@ -403,6 +441,7 @@ type bpfk510Variables struct {
 	GtContractRole         *ebpf.Variable `ebpf:"gt_contract_role"`
 	GtContractSide         *ebpf.Variable `ebpf:"gt_contract_side"`
 	GtContractStat         *ebpf.Variable `ebpf:"gt_contract_stat"`
+	GtContractSysProg      *ebpf.Variable `ebpf:"gt_contract_sys_prog"`
 	GtContractTargetFlag   *ebpf.Variable `ebpf:"gt_contract_target_flag"`
 	GtContractTraceCtx     *ebpf.Variable `ebpf:"gt_contract_trace_ctx"`
 	GtContractVerb         *ebpf.Variable `ebpf:"gt_contract_verb"`
@@ -446,6 +485,20 @@ type bpfk510Programs struct {
 	GtTlsHandshake       *ebpf.Program `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry         *ebpf.Program `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet           *ebpf.Program `ebpf:"gt_tls_rw_ret"`
+	GtUsClose            *ebpf.Program `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.Program `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.Program `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.Program `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.Program `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.Program `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.Program `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.Program `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.Program `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.Program `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.Program `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.Program `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.Program `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.Program `ebpf:"gt_usi_writev"`
 }
 
 func (p *bpfk510Programs) Close() error {
@@ -476,6 +529,20 @@ func (p *bpfk510Programs) Close() error {
 		p.GtTlsHandshake,
 		p.GtTlsRwEntry,
 		p.GtTlsRwRet,
+		p.GtUsClose,
+		p.GtUsListen,
+		p.GtUsRead,
+		p.GtUsReadv,
+		p.GtUsRecvfrom,
+		p.GtUsRecvmsg,
+		p.GtUsSendmsg,
+		p.GtUsSendto,
+		p.GtUsWrite,
+		p.GtUsWritev,
+		p.GtUsiSendmsg,
+		p.GtUsiSendto,
+		p.GtUsiWrite,
+		p.GtUsiWritev,
 	)
 }
 

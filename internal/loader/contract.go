@@ -190,7 +190,28 @@ const (
 	StatGenAIMalformed  = uint32(bpfGtStatGT_STAT_GENAI_MALFORMED)
 	StatGenAIIncomplete = uint32(bpfGtStatGT_STAT_GENAI_INCOMPLETE)
 	StatStaleConn       = uint32(bpfGtStatGT_STAT_STALE_CONN) // entries whose fd names another socket now
+	StatStoodIn         = uint32(bpfGtStatGT_STAT_STOOD_IN)   // syscall events an understudy handled: its program was skipped
 	StatMax             = uint32(bpfGtStatGT_STAT_MAX)
+)
+
+// Slots of the syscall programs that have an understudy
+// (bpf/common/understudy.h, enum gt_sys_prog).
+const (
+	SysExitRead      = uint32(bpfGtSysProgGT_SYS_EXIT_READ)
+	SysExitRecvfrom  = uint32(bpfGtSysProgGT_SYS_EXIT_RECVFROM)
+	SysExitReadv     = uint32(bpfGtSysProgGT_SYS_EXIT_READV)
+	SysExitRecvmsg   = uint32(bpfGtSysProgGT_SYS_EXIT_RECVMSG)
+	SysExitWrite     = uint32(bpfGtSysProgGT_SYS_EXIT_WRITE)
+	SysExitSendto    = uint32(bpfGtSysProgGT_SYS_EXIT_SENDTO)
+	SysExitWritev    = uint32(bpfGtSysProgGT_SYS_EXIT_WRITEV)
+	SysExitSendmsg   = uint32(bpfGtSysProgGT_SYS_EXIT_SENDMSG)
+	SysEnterClose    = uint32(bpfGtSysProgGT_SYS_ENTER_CLOSE)
+	SysExitListen    = uint32(bpfGtSysProgGT_SYS_EXIT_LISTEN)
+	SysInjectWrite   = uint32(bpfGtSysProgGT_SYS_INJECT_WRITE)
+	SysInjectSendto  = uint32(bpfGtSysProgGT_SYS_INJECT_SENDTO)
+	SysInjectWritev  = uint32(bpfGtSysProgGT_SYS_INJECT_WRITEV)
+	SysInjectSendmsg = uint32(bpfGtSysProgGT_SYS_INJECT_SENDMSG)
+	SysProgs         = uint32(bpfGtSysProgGT_SYS_PROGS)
 )
 
 // Config flags.

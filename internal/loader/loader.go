@@ -58,31 +58,6 @@ type Tracer struct {
 	pollEvery time.Duration
 }
 
-// syscall tracepoints, in attach order. Only exits of the data syscalls are
-// hooked (arguments come from the saved registers), plus the entry of close
-// and the exit of listen.
-func (t *Tracer) tracepoints() []struct {
-	name string
-	prog *ebpf.Program
-} {
-	p := &t.objs.bpfPrograms
-	return []struct {
-		name string
-		prog *ebpf.Program
-	}{
-		{"sys_exit_read", p.GtExitRead},
-		{"sys_exit_recvfrom", p.GtExitRecvfrom},
-		{"sys_exit_readv", p.GtExitReadv},
-		{"sys_exit_recvmsg", p.GtExitRecvmsg},
-		{"sys_exit_write", p.GtExitWrite},
-		{"sys_exit_sendto", p.GtExitSendto},
-		{"sys_exit_writev", p.GtExitWritev},
-		{"sys_exit_sendmsg", p.GtExitSendmsg},
-		{"sys_enter_close", p.GtEnterClose},
-		{"sys_exit_listen", p.GtExitListen}, // the startup group (bpf/startup.h)
-	}
-}
-
 // Load loads the BPF objects into the kernel and attaches every program.
 // Nothing is pinned: all of it goes away with the process, even on SIGKILL.
 func Load(opts Options) (*Tracer, error) {
@@ -162,12 +137,24 @@ func Load(opts Options) (*Tracer, error) {
 		return nil, fmt.Errorf("loading BPF objects (%s build): %w", variant.Name, err)
 	}
 	for _, tp := range t.tracepoints() {
-		l, err := link.Tracepoint("syscalls", tp.name, tp.prog, nil)
-		if err != nil {
+		if err := t.attachSyscall(tp); err != nil {
 			t.Close()
-			return nil, fmt.Errorf("attaching tracepoint syscalls/%s (is tracefs mounted at /sys/kernel/tracing? run `gymtrace check`): %w", tp.name, err)
+			return nil, err
 		}
-		t.links = append(t.links, l)
+	}
+	if t.understudies() {
+		// Injection's sys_enter programs (attached by internal/inject,
+		// their understudies after them) take their slots now.
+		for slot, p := range map[uint32]*ebpf.Program{SysInjectWrite: t.objs.GtInjectEnterWrite, SysInjectSendto: t.objs.GtInjectEnterSendto,
+			SysInjectWritev: t.objs.GtInjectEnterWritev, SysInjectSendmsg: t.objs.GtInjectEnterSendmsg} {
+			if p == nil {
+				continue
+			}
+			if err := t.objs.GtSysTails.Put(slot, p); err != nil {
+				t.Close()
+				return nil, fmt.Errorf("giving injection's understudies their programs: %w", err)
+			}
+		}
 	}
 	// Process lifecycle: children of targets, sandbox CLIs, exits.
 	for _, tp := range []struct {
@@ -462,10 +449,17 @@ func (t *Tracer) ProfTable() []ProfSection {
 }
 
 // Programs returns the loaded programs by name (for bpf_stats in benchmarks).
+//
+// Where a syscall program has an understudy, the understudy is named in its
+// place: the kernel skipping it is what may lose an event (it skipping the
+// program itself loses nothing: Understudied).
 func (t *Tracer) Programs() map[string]*ebpf.Program {
 	m := map[string]*ebpf.Program{}
 	for _, tp := range t.tracepoints() {
 		m[tp.name] = tp.prog
+		if t.understudies() && tp.under != nil {
+			m[tp.name] = tp.under
+		}
 	}
 	m["sched_process_fork"] = t.objs.GtFork
 	m["sched_process_exec"] = t.objs.GtExec
@@ -486,6 +480,10 @@ const FlagInjected = uint16(bpfGtEventFlagGT_F_INJECTED)
 type InjectObjects struct {
 	SockOps, SkMsg                                     *ebpf.Program
 	EnterWrite, EnterSendto, EnterWritev, EnterSendmsg *ebpf.Program
+	// Understudies: attach each Under* after its Enter* (its slot is
+	// filled at Load; bpf/common/understudy.h).
+	Understudies                                       bool
+	UnderWrite, UnderSendto, UnderWritev, UnderSendmsg *ebpf.Program
 	Config, TraceCtxs, Socks, Stats, Procs             *ebpf.Map
 }
 
@@ -521,6 +519,9 @@ func (t *Tracer) InjectObjects() InjectObjects {
 		SockOps: t.objs.GtInjectSockops, SkMsg: t.objs.GtInjectMsg,
 		EnterWrite: t.objs.GtInjectEnterWrite, EnterSendto: t.objs.GtInjectEnterSendto,
 		EnterWritev: t.objs.GtInjectEnterWritev, EnterSendmsg: t.objs.GtInjectEnterSendmsg,
+		Understudies: t.understudies(),
+		UnderWrite:   t.objs.GtUsiWrite, UnderSendto: t.objs.GtUsiSendto,
+		UnderWritev: t.objs.GtUsiWritev, UnderSendmsg: t.objs.GtUsiSendmsg,
 		Config: t.objs.GtInjectConfig, TraceCtxs: t.objs.GtTraceCtxs,
 		Socks: t.objs.GtInjectSocks, Stats: t.objs.GtInjectStats, Procs: t.objs.GtInjectProcs,
 	}

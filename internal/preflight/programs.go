@@ -78,7 +78,8 @@ func syscallPreemptionResult(p loader.Preemption) Result {
 		r.Detail = p.SyscallsUnsafe()
 		r.Fix = "boot with preempt=voluntary (PREEMPT_DYNAMIC kernels), or a kernel whose verifier allows global calls with preemption off"
 	default:
-		r.Detail = "the kernel runs them preemptible (trace_call_bpf_faultable; " + p.Mode + "); they hold preemption off with bpf_preempt_disable"
+		r.Detail = "the kernel runs them preemptible (trace_call_bpf_faultable; " + p.Mode + "); they hold preemption off with bpf_preempt_disable, " +
+			"and each has an understudy for the runs the kernel skips while one is stopped around them (gymtrace_kernel_events_total{reason=\"program_stood_in\"})"
 	}
 	return r
 }

@@ -48,11 +48,16 @@ type rawEvent struct {
 
 func loadKernel(t *testing.T) *kernel {
 	t.Helper()
+	return loadKernelWith(t, testbpf.Load)
+}
+
+func loadKernelWith(t *testing.T, load func() (*testbpf.Objects, error)) *kernel {
+	t.Helper()
 	requireRoot(t)
 	if err := rlimit.RemoveMemlock(); err != nil {
 		t.Fatal(err)
 	}
-	objs, err := testbpf.Load()
+	objs, err := load()
 	if err != nil {
 		t.Fatalf("loading the TLS test object: %v", err)
 	}

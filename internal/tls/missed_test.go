@@ -33,24 +33,7 @@ import (
 // the check the server gave it /b's, and /c's span /b's end (issue 37).
 func TestKernelUnseenRequestStart(t *testing.T) {
 	k, cli, srv := tracedPair(t)
-	sr, cr := bufio.NewReader(srv), bufio.NewReader(cli)
-	exchange := func(path string) {
-		t.Helper()
-		req := "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n"
-		if _, err := io.WriteString(cli, req); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(sr, make([]byte, len(req))); err != nil {
-			t.Fatal(err)
-		}
-		resp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-		if _, err := io.WriteString(srv, resp); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(cr, make([]byte, len(resp))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchange := exchanger(t, cli, srv)
 	exchange("/a")
 	k.unseenWrites(t, func() { exchange("/b") })
 	exchange("/c")
@@ -278,6 +261,29 @@ func TestKernelUnseenClose(t *testing.T) {
 	}
 }
 
+// exchanger makes exchanges on a client and server pair: GET path, then
+// 200 with "ok".
+func exchanger(t *testing.T, cli, srv net.Conn) func(path string) {
+	sr, cr := bufio.NewReader(srv), bufio.NewReader(cli)
+	return func(path string) {
+		t.Helper()
+		req := "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n"
+		if _, err := io.WriteString(cli, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(sr, make([]byte, len(req))); err != nil {
+			t.Fatal(err)
+		}
+		resp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+		if _, err := io.WriteString(srv, resp); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(cr, make([]byte, len(resp))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // tracedPair loads the test object with the server and client groups on,
 // targets this process, and connects a client to a server over loopback.
 func tracedPair(t *testing.T) (k *kernel, cli, srv net.Conn) {
@@ -285,20 +291,6 @@ func tracedPair(t *testing.T) (k *kernel, cli, srv net.Conn) {
 	k = loadKernel(t)
 	k.gate(t, groups.Server.Mask()|groups.HTTPClient.Mask(), 1)
 	k.target(t, os.Getpid())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	cli, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	srv, err = ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	cli, srv = loopbackPair(t)
 	return k, cli, srv
 }

@@ -550,7 +550,8 @@ const (
 	injtestGtStatGT_STAT_GENAI_MALFORMED  injtestGtStat = 54
 	injtestGtStatGT_STAT_GENAI_INCOMPLETE injtestGtStat = 55
 	injtestGtStatGT_STAT_STALE_CONN       injtestGtStat = 56
-	injtestGtStatGT_STAT_MAX              injtestGtStat = 57
+	injtestGtStatGT_STAT_STOOD_IN         injtestGtStat = 57
+	injtestGtStatGT_STAT_MAX              injtestGtStat = 58
 )
 
 type injtestGtTarget struct {
@@ -672,6 +673,8 @@ const (
 	injtestMapGtScratch             = "gt_scratch"
 	injtestMapGtStartups            = "gt_startups"
 	injtestMapGtStats               = "gt_stats"
+	injtestMapGtSysRan              = "gt_sys_ran"
+	injtestMapGtSysTails            = "gt_sys_tails"
 	injtestMapGtTargetBits          = "gt_target_bits"
 	injtestMapGtTargets             = "gt_targets"
 	injtestMapGtTlsConns            = "gt_tls_conns"
@@ -694,6 +697,20 @@ const (
 	injtestProgGtInjectEnterWritev  = "gt_inject_enter_writev"
 	injtestProgGtInjectMsg          = "gt_inject_msg"
 	injtestProgGtInjectSockops      = "gt_inject_sockops"
+	injtestProgGtUsClose            = "gt_us_close"
+	injtestProgGtUsListen           = "gt_us_listen"
+	injtestProgGtUsRead             = "gt_us_read"
+	injtestProgGtUsReadv            = "gt_us_readv"
+	injtestProgGtUsRecvfrom         = "gt_us_recvfrom"
+	injtestProgGtUsRecvmsg          = "gt_us_recvmsg"
+	injtestProgGtUsSendmsg          = "gt_us_sendmsg"
+	injtestProgGtUsSendto           = "gt_us_sendto"
+	injtestProgGtUsWrite            = "gt_us_write"
+	injtestProgGtUsWritev           = "gt_us_writev"
+	injtestProgGtUsiSendmsg         = "gt_usi_sendmsg"
+	injtestProgGtUsiSendto          = "gt_usi_sendto"
+	injtestProgGtUsiWrite           = "gt_usi_write"
+	injtestProgGtUsiWritev          = "gt_usi_writev"
 	injtestVarGtContractConfig      = "gt_contract_config"
 	injtestVarGtContractFlag        = "gt_contract_flag"
 	injtestVarGtContractHttpEvent   = "gt_contract_http_event"
@@ -768,6 +785,20 @@ type injtestProgramSpecs struct {
 	GtInjectEnterWritev  *ebpf.ProgramSpec `ebpf:"gt_inject_enter_writev"`
 	GtInjectMsg          *ebpf.ProgramSpec `ebpf:"gt_inject_msg"`
 	GtInjectSockops      *ebpf.ProgramSpec `ebpf:"gt_inject_sockops"`
+	GtUsClose            *ebpf.ProgramSpec `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.ProgramSpec `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.ProgramSpec `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.ProgramSpec `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.ProgramSpec `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.ProgramSpec `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.ProgramSpec `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.ProgramSpec `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.ProgramSpec `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.ProgramSpec `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.ProgramSpec `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.ProgramSpec `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.ProgramSpec `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.ProgramSpec `ebpf:"gt_usi_writev"`
 }
 
 // injtestMapSpecs contains maps before they are loaded into the kernel.
@@ -801,6 +832,8 @@ type injtestMapSpecs struct {
 	GtScratch       *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats         *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.MapSpec `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.MapSpec `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsConns      *ebpf.MapSpec `ebpf:"gt_tls_conns"`
@@ -876,6 +909,8 @@ type injtestMaps struct {
 	GtScratch       *ebpf.Map `ebpf:"gt_scratch"`
 	GtStartups      *ebpf.Map `ebpf:"gt_startups"`
 	GtStats         *ebpf.Map `ebpf:"gt_stats"`
+	GtSysRan        *ebpf.Map `ebpf:"gt_sys_ran"`
+	GtSysTails      *ebpf.Map `ebpf:"gt_sys_tails"`
 	GtTargetBits    *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets       *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsConns      *ebpf.Map `ebpf:"gt_tls_conns"`
@@ -913,6 +948,8 @@ func (m *injtestMaps) Close() error {
 		m.GtScratch,
 		m.GtStartups,
 		m.GtStats,
+		m.GtSysRan,
+		m.GtSysTails,
 		m.GtTargetBits,
 		m.GtTargets,
 		m.GtTlsConns,
@@ -962,6 +999,20 @@ type injtestPrograms struct {
 	GtInjectEnterWritev  *ebpf.Program `ebpf:"gt_inject_enter_writev"`
 	GtInjectMsg          *ebpf.Program `ebpf:"gt_inject_msg"`
 	GtInjectSockops      *ebpf.Program `ebpf:"gt_inject_sockops"`
+	GtUsClose            *ebpf.Program `ebpf:"gt_us_close"`
+	GtUsListen           *ebpf.Program `ebpf:"gt_us_listen"`
+	GtUsRead             *ebpf.Program `ebpf:"gt_us_read"`
+	GtUsReadv            *ebpf.Program `ebpf:"gt_us_readv"`
+	GtUsRecvfrom         *ebpf.Program `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg          *ebpf.Program `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg          *ebpf.Program `ebpf:"gt_us_sendmsg"`
+	GtUsSendto           *ebpf.Program `ebpf:"gt_us_sendto"`
+	GtUsWrite            *ebpf.Program `ebpf:"gt_us_write"`
+	GtUsWritev           *ebpf.Program `ebpf:"gt_us_writev"`
+	GtUsiSendmsg         *ebpf.Program `ebpf:"gt_usi_sendmsg"`
+	GtUsiSendto          *ebpf.Program `ebpf:"gt_usi_sendto"`
+	GtUsiWrite           *ebpf.Program `ebpf:"gt_usi_write"`
+	GtUsiWritev          *ebpf.Program `ebpf:"gt_usi_writev"`
 }
 
 func (p *injtestPrograms) Close() error {
@@ -982,6 +1033,20 @@ func (p *injtestPrograms) Close() error {
 		p.GtInjectEnterWritev,
 		p.GtInjectMsg,
 		p.GtInjectSockops,
+		p.GtUsClose,
+		p.GtUsListen,
+		p.GtUsRead,
+		p.GtUsReadv,
+		p.GtUsRecvfrom,
+		p.GtUsRecvmsg,
+		p.GtUsSendmsg,
+		p.GtUsSendto,
+		p.GtUsWrite,
+		p.GtUsWritev,
+		p.GtUsiSendmsg,
+		p.GtUsiSendto,
+		p.GtUsiWrite,
+		p.GtUsiWritev,
 	)
 }
 

@@ -37,14 +37,27 @@ const (
 	StatNotHTTP       = uint32(tlstestGtStatGT_STAT_NOT_HTTP)
 	StatStreamGapBody = uint32(tlstestGtStatGT_STAT_STREAM_GAP_BODY)
 	StatStaleConn     = uint32(tlstestGtStatGT_STAT_STALE_CONN)
+	StatStoodIn       = uint32(tlstestGtStatGT_STAT_STOOD_IN)
 	StatMax           = uint32(tlstestGtStatGT_STAT_MAX)
 )
 
 // Load loads the test object into the kernel.
-func Load() (*Objects, error) {
+func Load() (*Objects, error) { return load(false) }
+
+// LoadPinned loads it as gymtrace does where the kernel runs syscall
+// programs preemptible: they hold preemption off (gt_sys_pin), and leave
+// the marks their understudies read (bpf/common/understudy.h).
+func LoadPinned() (*Objects, error) { return load(true) }
+
+func load(pinned bool) (*Objects, error) {
 	spec, err := loadTlstest()
 	if err != nil {
 		return nil, err
+	}
+	if pinned {
+		if err := spec.Variables["gt_sys_pin"].Set(uint32(1)); err != nil {
+			return nil, err
+		}
 	}
 	// Typed as gymtrace loads its own (internal/loader), so the tests
 	// attach the way it does.

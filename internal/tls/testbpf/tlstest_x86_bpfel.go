@@ -485,7 +485,8 @@ const (
 	tlstestGtStatGT_STAT_GENAI_MALFORMED  tlstestGtStat = 54
 	tlstestGtStatGT_STAT_GENAI_INCOMPLETE tlstestGtStat = 55
 	tlstestGtStatGT_STAT_STALE_CONN       tlstestGtStat = 56
-	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 57
+	tlstestGtStatGT_STAT_STOOD_IN         tlstestGtStat = 57
+	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 58
 )
 
 type tlstestGtTarget struct {
@@ -618,6 +619,8 @@ const (
 	tlstestMapGtScratch           = "gt_scratch"
 	tlstestMapGtStartups          = "gt_startups"
 	tlstestMapGtStats             = "gt_stats"
+	tlstestMapGtSysRan            = "gt_sys_ran"
+	tlstestMapGtSysTails          = "gt_sys_tails"
 	tlstestMapGtTargetBits        = "gt_target_bits"
 	tlstestMapGtTargets           = "gt_targets"
 	tlstestMapGtTlsCalls          = "gt_tls_calls"
@@ -639,6 +642,16 @@ const (
 	tlstestProgGtTlsHandshake     = "gt_tls_handshake"
 	tlstestProgGtTlsRwEntry       = "gt_tls_rw_entry"
 	tlstestProgGtTlsRwRet         = "gt_tls_rw_ret"
+	tlstestProgGtUsClose          = "gt_us_close"
+	tlstestProgGtUsListen         = "gt_us_listen"
+	tlstestProgGtUsRead           = "gt_us_read"
+	tlstestProgGtUsReadv          = "gt_us_readv"
+	tlstestProgGtUsRecvfrom       = "gt_us_recvfrom"
+	tlstestProgGtUsRecvmsg        = "gt_us_recvmsg"
+	tlstestProgGtUsSendmsg        = "gt_us_sendmsg"
+	tlstestProgGtUsSendto         = "gt_us_sendto"
+	tlstestProgGtUsWrite          = "gt_us_write"
+	tlstestProgGtUsWritev         = "gt_us_writev"
 	tlstestVarGtContractConfig    = "gt_contract_config"
 	tlstestVarGtContractFlag      = "gt_contract_flag"
 	tlstestVarGtContractHttpEvent = "gt_contract_http_event"
@@ -710,6 +723,16 @@ type tlstestProgramSpecs struct {
 	GtTlsHandshake *ebpf.ProgramSpec `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry   *ebpf.ProgramSpec `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet     *ebpf.ProgramSpec `ebpf:"gt_tls_rw_ret"`
+	GtUsClose      *ebpf.ProgramSpec `ebpf:"gt_us_close"`
+	GtUsListen     *ebpf.ProgramSpec `ebpf:"gt_us_listen"`
+	GtUsRead       *ebpf.ProgramSpec `ebpf:"gt_us_read"`
+	GtUsReadv      *ebpf.ProgramSpec `ebpf:"gt_us_readv"`
+	GtUsRecvfrom   *ebpf.ProgramSpec `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg    *ebpf.ProgramSpec `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg    *ebpf.ProgramSpec `ebpf:"gt_us_sendmsg"`
+	GtUsSendto     *ebpf.ProgramSpec `ebpf:"gt_us_sendto"`
+	GtUsWrite      *ebpf.ProgramSpec `ebpf:"gt_us_write"`
+	GtUsWritev     *ebpf.ProgramSpec `ebpf:"gt_us_writev"`
 }
 
 // tlstestMapSpecs contains maps before they are loaded into the kernel.
@@ -734,6 +757,8 @@ type tlstestMapSpecs struct {
 	GtScratch     *ebpf.MapSpec `ebpf:"gt_scratch"`
 	GtStartups    *ebpf.MapSpec `ebpf:"gt_startups"`
 	GtStats       *ebpf.MapSpec `ebpf:"gt_stats"`
+	GtSysRan      *ebpf.MapSpec `ebpf:"gt_sys_ran"`
+	GtSysTails    *ebpf.MapSpec `ebpf:"gt_sys_tails"`
 	GtTargetBits  *ebpf.MapSpec `ebpf:"gt_target_bits"`
 	GtTargets     *ebpf.MapSpec `ebpf:"gt_targets"`
 	GtTlsCalls    *ebpf.MapSpec `ebpf:"gt_tls_calls"`
@@ -800,6 +825,8 @@ type tlstestMaps struct {
 	GtScratch     *ebpf.Map `ebpf:"gt_scratch"`
 	GtStartups    *ebpf.Map `ebpf:"gt_startups"`
 	GtStats       *ebpf.Map `ebpf:"gt_stats"`
+	GtSysRan      *ebpf.Map `ebpf:"gt_sys_ran"`
+	GtSysTails    *ebpf.Map `ebpf:"gt_sys_tails"`
 	GtTargetBits  *ebpf.Map `ebpf:"gt_target_bits"`
 	GtTargets     *ebpf.Map `ebpf:"gt_targets"`
 	GtTlsCalls    *ebpf.Map `ebpf:"gt_tls_calls"`
@@ -829,6 +856,8 @@ func (m *tlstestMaps) Close() error {
 		m.GtScratch,
 		m.GtStartups,
 		m.GtStats,
+		m.GtSysRan,
+		m.GtSysTails,
 		m.GtTargetBits,
 		m.GtTargets,
 		m.GtTlsCalls,
@@ -876,6 +905,16 @@ type tlstestPrograms struct {
 	GtTlsHandshake *ebpf.Program `ebpf:"gt_tls_handshake"`
 	GtTlsRwEntry   *ebpf.Program `ebpf:"gt_tls_rw_entry"`
 	GtTlsRwRet     *ebpf.Program `ebpf:"gt_tls_rw_ret"`
+	GtUsClose      *ebpf.Program `ebpf:"gt_us_close"`
+	GtUsListen     *ebpf.Program `ebpf:"gt_us_listen"`
+	GtUsRead       *ebpf.Program `ebpf:"gt_us_read"`
+	GtUsReadv      *ebpf.Program `ebpf:"gt_us_readv"`
+	GtUsRecvfrom   *ebpf.Program `ebpf:"gt_us_recvfrom"`
+	GtUsRecvmsg    *ebpf.Program `ebpf:"gt_us_recvmsg"`
+	GtUsSendmsg    *ebpf.Program `ebpf:"gt_us_sendmsg"`
+	GtUsSendto     *ebpf.Program `ebpf:"gt_us_sendto"`
+	GtUsWrite      *ebpf.Program `ebpf:"gt_us_write"`
+	GtUsWritev     *ebpf.Program `ebpf:"gt_us_writev"`
 }
 
 func (p *tlstestPrograms) Close() error {
@@ -894,6 +933,16 @@ func (p *tlstestPrograms) Close() error {
 		p.GtTlsHandshake,
 		p.GtTlsRwEntry,
 		p.GtTlsRwRet,
+		p.GtUsClose,
+		p.GtUsListen,
+		p.GtUsRead,
+		p.GtUsReadv,
+		p.GtUsRecvfrom,
+		p.GtUsRecvmsg,
+		p.GtUsSendmsg,
+		p.GtUsSendto,
+		p.GtUsWrite,
+		p.GtUsWritev,
 	)
 }
 
