@@ -46,11 +46,14 @@ func debugAttrs(s Span) string {
 // start belongs to: for a call, the newest that began before its write
 // (the app stamps its truth first); for a request, the first that began
 // after its read (the handler stamps it after).
-func truthAt(recs []truthRec, mono int64, before bool) (truthRec, bool) {
+func truthAt(recs []truthRec, mono int64, before bool, path string) (truthRec, bool) {
 	const slack = 1_000_000 // the clocks are the same; the stamps are not atomic with the syscalls
 	best, found := truthRec{}, false
 	var bestD int64
 	for _, r := range recs {
+		if !samePath(r.Path, path) {
+			continue
+		}
 		d := mono - r.MonoStart
 		if !before {
 			d = -d
@@ -93,7 +96,7 @@ func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
 			continue
 		}
 		o, ok := truthAt(outs[joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}],
-			int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), true)
+			int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), true, s.Path())
 		if !ok {
 			continue // not a call with a cause (the collector's)
 		}
@@ -108,7 +111,7 @@ func scoreKernelBindings(recs []truthRec, spans []Span) kernelBindings {
 			continue
 		}
 		in, ok := truthAt(ins[joinKey{s.PID(), srv.AttrInt("client.port"), srv.AttrInt("server.port")}],
-			int64(anyInt(srv.Attributes["gymtrace.debug.req_start"])), false)
+			int64(anyInt(srv.Attributes["gymtrace.debug.req_start"])), false, srv.Path())
 		if ok && in.ID == o.Cause {
 			k.Right++
 			continue
@@ -162,7 +165,7 @@ func scorerDisagrees(recs []truthRec, spans []Span) (n int, examples []string) {
 			if s.Attributes["gymtrace.debug.req_start"] == nil {
 				continue
 			}
-			r, ok := truthAt(byConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), side.before)
+			r, ok := truthAt(byConn[k], int64(anyInt(s.Attributes["gymtrace.debug.req_start"])), side.before, s.Path())
 			if ok && r.ID != side.recs[ri].ID {
 				n++
 				if len(examples) < 8 {

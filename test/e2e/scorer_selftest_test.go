@@ -266,3 +266,37 @@ func TestCausalityScorer(t *testing.T) {
 		}
 	})
 }
+
+// A span is paired with a truth record of its own path: on a keep-alive
+// connection a call stamped first can be written second, after waiting for
+// the connection, and with the other call's span lost (its record lost),
+// time alone pairs the remaining span with the wrong call (seen in CI: a
+// /verify span taken for another rollout's /seed_session, scored as a
+// wrong parent, a wrong rollout id and a shared trace that were not).
+func TestMatchByPortsPaths(t *testing.T) {
+	ms := int64(time.Millisecond)
+	key := truthAddr{"h", 48358}
+	recs := []truthRec{
+		{Ev: "out", ID: "verify", Method: "POST", Path: "/verify", Local: key, Remote: truthAddr{"h", 9002}, TStart: 0, TEnd: 50 * ms, PID: 10},
+		{Ev: "out", ID: "seed", Method: "POST", Path: "/seed_session", Local: key, Remote: truthAddr{"h", 9002}, TStart: 10 * ms, TEnd: 60 * ms, PID: 10},
+	}
+	spans := []Span{{Kind: "CLIENT", SpanID: "s", Start: uint64(30 * ms), End: uint64(35 * ms), Resource: map[string]any{"process.pid": float64(10)},
+		Attributes: map[string]any{"network.local.port": float64(48358), "server.port": float64(9002),
+			"url.full": "http://h:9002/verify", "gymtrace.record.lost": "response"}}}
+	got := matchByPorts(recs, func(r truthRec) (joinKey, bool) { return joinKey{r.PID, r.Local.Port, r.Remote.Port}, true },
+		spans, func(s Span) (joinKey, bool) {
+			return joinKey{s.PID(), s.AttrInt("network.local.port"), s.AttrInt("server.port")}, true
+		})
+	if j, ok := got[0]; len(got) != 1 || !ok || j != 0 {
+		t.Errorf("pairs %v: want the /verify record (0) paired with the /verify span", got)
+	}
+	for _, c := range []struct {
+		truth, span string
+		want        bool
+	}{{"/verify", "/verify", true}, {"/verify", "/seed_session", false}, {"/v1/responses", "", true},
+		{"/a?x=1", "/a", true}, {"/ng-rollout/7/v1/responses", "/ng-rollout/7/v1/resp", true}} {
+		if got := samePath(c.truth, c.span); got != c.want {
+			t.Errorf("samePath(%q, %q) = %v, want %v", c.truth, c.span, got, c.want)
+		}
+	}
+}
