@@ -179,7 +179,12 @@ func Attach(p Programs, o Options) (*Injector, error) {
 	} {
 		progs := []*ebpf.Program{tp.prog}
 		if p.Understudies && tp.under != nil {
-			progs = append(progs, tp.under) // after its program: the kernel runs them in attach order
+			// After its program: the kernel runs them in attach order.
+			// Targets may already write here; a mark the program leaves
+			// before its understudy is on stays until that thread's next
+			// event, and only hides one where the kernel then skips the
+			// program again (bpf/common/understudy.h).
+			progs = append(progs, tp.under)
 		}
 		for _, prog := range progs {
 			l, err := link.Tracepoint("syscalls", tp.name, prog, nil)
