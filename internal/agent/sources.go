@@ -44,9 +44,6 @@ func (t *agent) metricSources() metrics.Sources {
 			out := kernelCounters(t.kernelStats())
 			injectCounters(t.inj, out)
 			out["program_skipped"] = programsSkipped(loadedPrograms(t.kern.Programs()))
-			// Runs of a syscall program the kernel skipped and its
-			// understudy made (bpf/common/understudy.h): nothing lost.
-			out["program_stood_in"] = t.kernelStats()[loader.StatStoodIn]
 			return out
 		},
 		PythonContext: func() map[string]uint64 {
@@ -138,6 +135,9 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		// Connections whose close went unseen, found when their fd named
 		// another socket: ended, and the new one followed afresh.
 		"stale_conn": st[loader.StatStaleConn],
+		// Events of a syscall program the kernel skipped that its
+		// understudy made (bpf/common/understudy.h): nothing lost.
+		"program_stood_in": st[loader.StatStoodIn],
 	}
 }
 
