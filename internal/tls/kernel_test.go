@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gymtrace/gymtrace/internal/groups"
+	"github.com/gymtrace/gymtrace/internal/loader"
 	"github.com/gymtrace/gymtrace/internal/tls/testbpf"
 )
 
@@ -46,6 +47,28 @@ type rawEvent struct {
 	raw []byte
 }
 
+// A syscall tracepoint's program in the test object, its understudy and
+// its gt_sys_tails slot, as internal/loader attaches them.
+type syscallProgram struct {
+	name        string
+	slot        uint32
+	prog, under *ebpf.Program
+}
+
+func syscallPrograms(o *testbpf.Objects) []syscallProgram {
+	return []syscallProgram{
+		{"sys_exit_read", loader.SysExitRead, o.GtExitRead, o.GtUsRead},
+		{"sys_exit_recvfrom", loader.SysExitRecvfrom, o.GtExitRecvfrom, o.GtUsRecvfrom},
+		{"sys_exit_readv", loader.SysExitReadv, o.GtExitReadv, o.GtUsReadv},
+		{"sys_exit_recvmsg", loader.SysExitRecvmsg, o.GtExitRecvmsg, o.GtUsRecvmsg},
+		{"sys_exit_write", loader.SysExitWrite, o.GtExitWrite, o.GtUsWrite},
+		{"sys_exit_sendto", loader.SysExitSendto, o.GtExitSendto, o.GtUsSendto},
+		{"sys_exit_writev", loader.SysExitWritev, o.GtExitWritev, o.GtUsWritev},
+		{"sys_exit_sendmsg", loader.SysExitSendmsg, o.GtExitSendmsg, o.GtUsSendmsg},
+		{"sys_enter_close", loader.SysEnterClose, o.GtEnterClose, o.GtUsClose},
+	}
+}
+
 func loadKernel(t *testing.T) *kernel {
 	t.Helper()
 	return loadKernelWith(t, testbpf.Load)
@@ -62,18 +85,13 @@ func loadKernelWith(t *testing.T, load func() (*testbpf.Objects, error)) *kernel
 		t.Fatalf("loading the TLS test object: %v", err)
 	}
 	t.Cleanup(func() { objs.Close() })
-	p := objs
 	links := map[string]link.Link{}
-	for name, prog := range map[string]*ebpf.Program{
-		"sys_exit_read": p.GtExitRead, "sys_exit_recvfrom": p.GtExitRecvfrom, "sys_exit_readv": p.GtExitReadv,
-		"sys_exit_recvmsg": p.GtExitRecvmsg, "sys_exit_write": p.GtExitWrite, "sys_exit_sendto": p.GtExitSendto,
-		"sys_exit_writev": p.GtExitWritev, "sys_exit_sendmsg": p.GtExitSendmsg, "sys_enter_close": p.GtEnterClose,
-	} {
-		l, err := link.Tracepoint("syscalls", name, prog, nil)
+	for _, sp := range syscallPrograms(objs) {
+		l, err := link.Tracepoint("syscalls", sp.name, sp.prog, nil)
 		if err != nil {
-			t.Fatalf("attaching %s: %v", name, err)
+			t.Fatalf("attaching %s: %v", sp.name, err)
 		}
-		links[name] = l
+		links[sp.name] = l
 	}
 	t.Cleanup(func() {
 		for _, l := range links {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
@@ -49,42 +48,22 @@ func TestKernelUnderstudy(t *testing.T) {
 		o.Close()
 	}
 	k := loadKernelWith(t, testbpf.LoadPinned)
-	type sys struct {
-		name       string
-		slot       uint32
-		prog, unde *ebpf.Program
-	}
-	o := k.objs
-	progs := []sys{
-		{"sys_exit_read", loader.SysExitRead, o.GtExitRead, o.GtUsRead},
-		{"sys_exit_recvfrom", loader.SysExitRecvfrom, o.GtExitRecvfrom, o.GtUsRecvfrom},
-		{"sys_exit_readv", loader.SysExitReadv, o.GtExitReadv, o.GtUsReadv},
-		{"sys_exit_recvmsg", loader.SysExitRecvmsg, o.GtExitRecvmsg, o.GtUsRecvmsg},
-		{"sys_exit_write", loader.SysExitWrite, o.GtExitWrite, o.GtUsWrite},
-		{"sys_exit_sendto", loader.SysExitSendto, o.GtExitSendto, o.GtUsSendto},
-		{"sys_exit_writev", loader.SysExitWritev, o.GtExitWritev, o.GtUsWritev},
-		{"sys_exit_sendmsg", loader.SysExitSendmsg, o.GtExitSendmsg, o.GtUsSendmsg},
-		{"sys_enter_close", loader.SysEnterClose, o.GtEnterClose, o.GtUsClose},
-	}
-	under := map[string]link.Link{}
-	attachUnder := func(p sys) {
-		t.Helper()
-		l, err := link.Tracepoint("syscalls", p.name, p.unde, nil)
-		if err != nil {
-			t.Fatalf("attaching the understudy of %s: %v", p.name, err)
-		}
-		under[p.name] = l
-	}
+	var under []link.Link
 	t.Cleanup(func() {
 		for _, l := range under {
 			l.Close()
 		}
 	})
-	for _, p := range progs {
-		if err := o.GtSysTails.Put(p.slot, p.prog); err != nil {
+	for _, sp := range syscallPrograms(k.objs) {
+		if err := k.objs.GtSysTails.Put(sp.slot, sp.prog); err != nil {
 			t.Fatal(err)
 		}
-		attachUnder(p) // after loadKernelWith attached the program
+		// After loadKernelWith attached the program.
+		l, err := link.Tracepoint("syscalls", sp.name, sp.under, nil)
+		if err != nil {
+			t.Fatalf("attaching the understudy of %s: %v", sp.name, err)
+		}
+		under = append(under, l)
 	}
 	k.gate(t, groups.Server.Mask()|groups.HTTPClient.Mask(), 1)
 	k.target(t, os.Getpid())
