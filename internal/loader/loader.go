@@ -56,6 +56,9 @@ type Tracer struct {
 	// pollEvery replaces PollInterval when set (tests: a reader that only
 	// wakeups can move).
 	pollEvery time.Duration
+	// lagging (GYMTRACE_TEST_LAGGING_READER=1, tests only): the reader
+	// falls behind on purpose until the ring overflows (see lag).
+	lagging bool
 }
 
 // Load loads the BPF objects into the kernel and attaches every program.
@@ -129,6 +132,11 @@ func Load(opts Options) (*Tracer, error) {
 	// where the kernel has them: a process's probes come off together.
 	probesite.PrepareMulti(spec)
 	t := &Tracer{log: log, profTime: profTime, variant: variant, unsupported: unsupported, preempt: preempt}
+	if os.Getenv("GYMTRACE_TEST_LAGGING_READER") == "1" {
+		// Loss tests only: records are lost on purpose.
+		log.Warn("GYMTRACE_TEST_LAGGING_READER: the ring-buffer reader lags until the ring overflows; records will be lost")
+		t.lagging = true
+	}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

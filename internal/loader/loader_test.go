@@ -45,8 +45,14 @@ type rig struct {
 // possible on both sides) and the test process as the only target.
 func loadSelf(t *testing.T, mask uint64) *Tracer {
 	t.Helper()
+	return loadSelfWith(t, mask, Options{})
+}
+
+// loadSelfWith is loadSelf with the given load options.
+func loadSelfWith(t *testing.T, mask uint64, opts Options) *Tracer {
+	t.Helper()
 	needRoot(t)
-	tr, err := Load(Options{})
+	tr, err := Load(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"sync/atomic"
 	"testing"
@@ -184,4 +185,83 @@ func TestReaderStopsAtWhatWasPending(t *testing.T) {
 		t.Fatalf("the reader kept delivering what was written after it was stopped (%d exchanges made meanwhile)", made)
 	}
 	t.Logf("%d exchanges made while the stopped reader drained", made)
+}
+
+// A lagging reader (GYMTRACE_TEST_LAGGING_READER, for tests of loss) lets a
+// one-page ring overflow, then reads again: the kernel counts the loss, the
+// records that fit are delivered, and when the traffic stops the reader
+// drains what the ring holds without waiting for more (or for ctx). A reader
+// that kept up would lose nothing; one that lagged for good would leave the
+// ring full.
+func TestLaggingReader(t *testing.T) {
+	tr := loadSelfWith(t, allGroups, Options{RingbufBytes: os.Getpagesize()})
+	tr.lagging = true
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
+				return
+			}
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	exchange := func() {
+		t.Helper()
+		writeAll(t, c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+		if _, err := io.ReadFull(br, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lost := func() uint64 {
+		st, err := tr.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[StatRingbufFull]
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var reqs atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- tr.Read(ctx, func(raw []byte) {
+			if len(raw) >= HTTPEventHeadSize && !IsProcEvent(raw[0]) && raw[0] == EvRequest {
+				reqs.Add(1)
+			}
+		})
+	}()
+	// Exchanges until the kernel counts a loss: a page holds a few records.
+	const most = 100000
+	made := 0
+	for ; made < most && lost() == 0; made++ {
+		exchange()
+	}
+	if lost() == 0 {
+		t.Fatalf("no record lost after %d exchanges into a one-page ring with a lagging reader", made)
+	}
+	// The traffic stops: what the ring holds is delivered, with no more
+	// traffic and ctx still running.
+	deadline := time.Now().Add(20 * time.Second)
+	for tr.Pending() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := tr.Pending(); n > 0 {
+		t.Fatalf("%d bytes still pending 20 s after the traffic stopped: the lagging reader waits for traffic", n)
+	}
+	if n := reqs.Load(); n == 0 || n >= int64(2*made) {
+		t.Fatalf("%d request records delivered for %d exchanges (two each) with %d lost: want some, not all", n, made, lost())
+	}
+	t.Logf("%d exchanges, %d request records delivered, %d records lost", made, reqs.Load(), lost())
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Read: %v", err)
+	}
 }

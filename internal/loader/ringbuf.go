@@ -66,7 +66,23 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 		_, err = readEnd(err)
 		return err
 	}
+	// A lagging reader (tests of loss) reads lagEvery records after each
+	// overflow, then falls behind again.
+	sinceLoss := lagEvery
+	if t.lagging {
+		read := fn
+		fn = func(raw []byte) { sinceLoss++; read(raw) }
+	}
 	for {
+		if t.lagging && sinceLoss >= lagEvery {
+			lost, done := t.lag(ctx)
+			if done {
+				return last()
+			}
+			if lost {
+				sinceLoss = 0
+			}
+		}
 		n, closed := t.available()
 		if closed {
 			return nil
@@ -93,6 +109,60 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 				interval = max(min(2*interval, MaxPollInterval), base)
 			}
 			timer.Reset(interval)
+		}
+	}
+}
+
+// A lagging reader looks at the ring and the kernel's loss counter every
+// lagPoll, calls the traffic paused after lagQuiet polls with the ring
+// unchanged, and reads lagEvery records between overflows.
+const (
+	lagPoll  = 2 * time.Millisecond
+	lagQuiet = 5
+	lagEvery = 1024
+)
+
+// lag holds the next drain back, as a reader that has fallen behind, until
+// the kernel counts a record it could not reserve (the ring overflowed:
+// lost), or the ring has stopped filling for lagQuiet polls (the traffic
+// paused: what the ring holds must not wait for traffic that may never
+// come). done: ctx ended or the tracer closed.
+//
+// Tests of loss (GYMTRACE_TEST_LAGGING_READER=1) need the loss to happen:
+// a reader that keeps up (a quiet machine, the kernel's wakeup at a quarter
+// full) lets a small-ring test lose nothing and prove nothing. Lagging makes
+// the ring overflow wherever the traffic outruns it, in short bursts
+// (records arriving in the poll after the overflow) spread over the run.
+func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
+	failures := func() uint64 {
+		st, err := t.Stats()
+		if err != nil {
+			return 0
+		}
+		return st[StatRingbufFull]
+	}
+	from := failures()
+	tick := time.NewTicker(lagPoll)
+	defer tick.Stop()
+	prev, still := -1, 0
+	for {
+		select {
+		case <-ctx.Done():
+			return false, true
+		case <-tick.C:
+		}
+		n, closed := t.available()
+		switch {
+		case closed:
+			return false, true
+		case failures() > from:
+			return true, false
+		case n != prev:
+			prev, still = n, 0
+		default:
+			if still++; still >= lagQuiet {
+				return false, false
+			}
 		}
 	}
 }

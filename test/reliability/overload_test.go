@@ -63,7 +63,11 @@ func TestOverloadBurst(t *testing.T) {
 	needRoot(t)
 	const ringBytes = 4096
 	srv := startServer(t)
-	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}, extra: []string{"--ringbuf-bytes", strconv.Itoa(ringBytes)}})
+	// The reader lags until the ring overflows (GYMTRACE_TEST_LAGGING_READER):
+	// a reader that kept up with the burst would leave the loss path
+	// untested.
+	g := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}, extra: []string{"--ringbuf-bytes", strconv.Itoa(ringBytes)},
+		env: []string{"GYMTRACE_TEST_LAGGING_READER=1"}})
 
 	// Before the burst: one request, one span, nothing lost.
 	before := uniquePath("before")
