@@ -23,6 +23,7 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.sessions import SessionMiddleware
 
 import genai
+import gymclient
 import stacklib
 
 CLASS_NAME = "SimpleAgent"
@@ -245,7 +246,7 @@ def main():
             raise SystemExit(f"config error: agent {cfg.name!r} has no {ref} reference "
                              "({type: ..., name: ...}) in NEMO_GYM_CONFIG_DICT, or --peers without config")
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
-    client = stacklib.GymClient(truth, connections=args.connections)
+    client = gymclient.GymClient(truth, connections=args.connections)
     stacklib.serve(build_app(cfg, truth, client, args.base_middleware), cfg, args, client)
 
 

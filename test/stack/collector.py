@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+import gymclient
 import stacklib
 
 ROUTES = ["responses", "chat_completions", "messages"]
@@ -75,7 +76,7 @@ def agent_url_from_config(name):
 
 async def collect(a, rows):
     truth = stacklib.Truth(a.truth, "collector", "orchestrator")
-    client = stacklib.GymClient(truth, max_retries=a.max_retries, split_heads=a.split_heads)
+    client = gymclient.GymClient(truth, max_retries=a.max_retries, split_heads=a.split_heads)
     await client.start()
     sem = asyncio.Semaphore(a.concurrency)
     results = []

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware.sessions import SessionMiddleware
 
 import genai
+import gymclient
 import stacklib
 
 CLASS_NAME = "SimpleModelServer"
@@ -182,7 +183,7 @@ def main():
     cfg = stacklib.load_server_config("model", args)
     cfg.args = args
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
-    client = stacklib.GymClient(truth)
+    client = gymclient.GymClient(truth)
     app = build_app(cfg, truth, client, args.latency_ms / 1000, args.stream_chunks, args.chunk_gap_ms / 1000,
                     args.upstream)
     stacklib.serve(app, cfg, args, client)

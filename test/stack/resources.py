@@ -23,6 +23,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.sessions import SessionMiddleware
 
+import gymclient
 import stacklib
 
 CLASS_NAME = "SimpleWeatherResourcesServer"
@@ -270,7 +271,7 @@ def main():
     cfg = stacklib.load_server_config("resources", args)
     cfg.args = args
     truth = stacklib.Truth(args.truth, cfg.name, cfg.type)
-    client = stacklib.GymClient(truth)
+    client = gymclient.GymClient(truth)
     stacklib.serve(build_app(cfg, truth, client), cfg, args, client)
 
 
