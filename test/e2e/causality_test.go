@@ -345,8 +345,8 @@ func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[stri
 		// Loss as a test condition: records must have been lost, and no
 		// loss may make a wrong parent or split a rollout it did not touch.
 		records := m["gymtrace_ringbuf_records_read_total"] + lost
-		t.Logf("ring buffer %s: %v of %v records lost (%.1f %%); %d rollouts touched by a loss, %d whole of %d",
-			c.ringbuf, lost, records, 100*lost/max(records, 1), sc.RolloutsTouched, sc.RolloutsWhole, sc.Rollouts)
+		t.Logf("ring buffer %s: %v of %v records lost (%.1f %%); %d rollouts touched by a loss, %d whole of %d (%d more with every request a span, in several traces)",
+			c.ringbuf, lost, records, 100*lost/max(records, 1), sc.RolloutsTouched, sc.RolloutsWhole, sc.Rollouts, sc.RolloutsSpannedSplit)
 		if lost == 0 {
 			t.Errorf("a ring buffer of %s lost no record: the case tests nothing", c.ringbuf)
 		}

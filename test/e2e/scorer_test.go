@@ -62,12 +62,15 @@ type causalityScore struct {
 	RolloutsTouched        int
 	RolloutsWhole          int
 	RolloutsUntouchedSplit int
-	RolloutsNoRun          int // ... whose /run has no SERVER span
-	Traces                 int // distinct trace ids over all exported spans
-	SharedTraces           int // traces holding spans of more than one rollout
-	RolloutIDSpans         int // spans carrying nemo.gym.rollout.id
-	RolloutIDWrong         int // ... whose value is not their rollout's
-	GymRolloutSpans        int // gym.rollout spans carrying their rollout's id
+	// RolloutsSpannedSplit: every request a span, yet in more than one
+	// trace (a loss broke a join, not a span).
+	RolloutsSpannedSplit int
+	RolloutsNoRun        int // ... whose /run has no SERVER span
+	Traces               int // distinct trace ids over all exported spans
+	SharedTraces         int // traces holding spans of more than one rollout
+	RolloutIDSpans       int // spans carrying nemo.gym.rollout.id
+	RolloutIDWrong       int // ... whose value is not their rollout's
+	GymRolloutSpans      int // gym.rollout spans carrying their rollout's id
 
 	Examples      []string // the first wrong or missing cases, for the log
 	WrongExamples []string // the first wrong parents
@@ -393,6 +396,8 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		whole := !missing && len(ids) == 1
 		if whole {
 			sc.RolloutsWhole++
+		} else if !missing {
+			sc.RolloutsSpannedSplit++
 		}
 		if touched {
 			sc.RolloutsTouched++
