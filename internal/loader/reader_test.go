@@ -126,30 +126,7 @@ func TestReaderReturnsOnClose(t *testing.T) {
 func TestReaderStopsAtWhatWasPending(t *testing.T) {
 	tr := loadSelf(t, allGroups)
 	tr.pollEvery = time.Hour
-	addr := server(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
-				return
-			}
-		}
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	br := bufio.NewReader(c)
-	exchange := func() error {
-		if _, err := c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(br, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
-		return err
-	}
+	exchange := keepAliveExchange(t)
 	// Records pending, the reader's first drain past.
 	ctx, cancel := context.WithCancel(context.Background())
 	var stopped atomic.Bool
@@ -196,30 +173,7 @@ func TestReaderStopsAtWhatWasPending(t *testing.T) {
 func TestLaggingReader(t *testing.T) {
 	tr := loadSelfWith(t, allGroups, Options{RingbufBytes: os.Getpagesize()})
 	tr.lagging = true
-	addr := server(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			if _, err := readRequest(br); err != nil {
-				return
-			}
-			if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
-				return
-			}
-		}
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	br := bufio.NewReader(c)
-	exchange := func() {
-		t.Helper()
-		writeAll(t, c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-		if _, err := io.ReadFull(br, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exchange := keepAliveExchange(t)
 	lost := func() uint64 {
 		st, err := tr.Stats()
 		if err != nil {
@@ -242,7 +196,9 @@ func TestLaggingReader(t *testing.T) {
 	const most = 100000
 	made := 0
 	for ; made < most && lost() == 0; made++ {
-		exchange()
+		if err := exchange(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if lost() == 0 {
 		t.Fatalf("no record lost after %d exchanges into a one-page ring with a lagging reader", made)
@@ -263,5 +219,37 @@ func TestLaggingReader(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Read: %v", err)
+	}
+}
+
+// keepAliveExchange starts a server in the test process that answers every
+// request on a connection "200 ok", connects to it, and returns one
+// exchange on that keep-alive connection (a request written, its answer
+// read).
+func keepAliveExchange(t *testing.T) func() error {
+	t.Helper()
+	addr := server(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := readRequest(br); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")); err != nil {
+				return
+			}
+		}
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	br := bufio.NewReader(c)
+	return func() error {
+		if _, err := c.Write([]byte("GET /health HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(br, make([]byte, len("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
+		return err
 	}
 }
