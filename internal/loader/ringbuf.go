@@ -134,12 +134,20 @@ const (
 // the ring overflow wherever the traffic outruns it, in short bursts
 // (records arriving in the poll after the overflow) spread over the run.
 func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
+	// One counter, not all of Stats: this runs every lagPoll.
 	failures := func() uint64 {
-		st, err := t.Stats()
-		if err != nil {
-			return 0
-		}
-		return st[StatRingbufFull]
+		var n uint64
+		t.ops.Do(func() error {
+			var per []uint64
+			if err := t.objs.GtStats.Lookup(StatRingbufFull, &per); err != nil {
+				return err
+			}
+			for _, v := range per {
+				n += v
+			}
+			return nil
+		})
+		return n
 	}
 	from := failures()
 	tick := time.NewTicker(lagPoll)
