@@ -553,8 +553,16 @@ static __always_inline void gt_py_mark_spawner(__u64 ctx, __u32 tgid, __s32 fd, 
 			return; // died, and its address was reused
 	}
 	struct gt_py_spawner *cur = bpf_map_lookup_elem(&gt_py_spawners, &addr);
-	if (cur && cur->id == ctx && cur->conn_id == conn_id)
-		return; // keep-alive: the same reader for every request
+	if (cur && cur->id == ctx) {
+		if (cur->conn_id == conn_id || !cur->conn_id)
+			return; // keep-alive: the same reader for every request; or shared
+		// One context reading more than one connection (uvloop 0.17 reads
+		// every connection in one): a handler born from it could be any of
+		// theirs, so it roots none (its calls go unattributed, counted),
+		// never the one read last.
+		cur->conn_id = 0;
+		return;
+	}
 	struct gt_py_scratch *ps = gt_py_scr();
 	if (!ps)
 		return;

@@ -156,7 +156,7 @@ static __always_inline int gt_py_link_new(__u64 child, int site, __u64 task)
 		gt_py_stat(GT_PY_ROOTED_READ);
 	} else {
 		struct gt_py_spawner *spawner = parent ? bpf_map_lookup_elem(&gt_py_spawners, &parent) : 0;
-		if (spawner && spawner->id == parent_id) {
+		if (spawner && spawner->id == parent_id && spawner->conn_id) {
 			ck.tgid = spawner->tgid;
 			ck.fd = spawner->fd;
 			bind_conn = spawner->conn_id;

@@ -86,7 +86,7 @@ func TestKernelSpawnerLiveness(t *testing.T) {
 	// The live one (generation 5) is marked for its connection.
 	live := readRequest(id(5))
 	s, ok := spawner()
-	if !ok || CtxID(s.Id) != id(5) || s.Fd != live || s.Tgid != pid {
+	if !ok || CtxID(s.Id) != id(5) || s.Fd != live || s.Tgid != pid || s.ConnId != uint64(live)+1 {
 		t.Fatalf("the live writer's spawner entry = %+v (present %v), want %v on fd %d", s, ok, id(5), live)
 	}
 	// The flake's shape: another connection's previous writer, dead at the
@@ -94,5 +94,17 @@ func TestKernelSpawnerLiveness(t *testing.T) {
 	readRequest(id(4))
 	if s2, ok := spawner(); !ok || s2 != s {
 		t.Fatalf("a dead writer overwrote the live spawner: %+v, want %+v", s2, s)
+	}
+	// One live context marked by a second connection (uvloop 0.17 reads
+	// every connection in one context): a handler born from it could be
+	// either's, so the entry roots none (connection 0) and stays so, where
+	// it used to name the connection read last (ci18's wrong parent).
+	readRequest(id(5))
+	if s3, ok := spawner(); !ok || CtxID(s3.Id) != id(5) || s3.ConnId != 0 || s3.Fd != live {
+		t.Fatalf("a context marked by two connections = %+v (present %v), want it kept with connection 0", s3, ok)
+	}
+	readRequest(id(5))
+	if s4, ok := spawner(); !ok || s4.ConnId != 0 {
+		t.Fatalf("a shared spawner took a connection again: %+v", s4)
 	}
 }

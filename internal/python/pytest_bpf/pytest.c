@@ -143,16 +143,18 @@ int pytest_recv_exit(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	if (__builtin_memcmp(head, "GET /run/", 9))
 		return 0;
+	// The connection's id: its fd + 1 (a real one is never 0).
+	__u64 conn_id = (__u64)(__u32)fd + 1;
 	__u64 c, root;
 	if (gt_py_context(tgid, tid, &c, &root) == GT_PY_OK)
-		gt_py_mark_spawner(c, tgid, (__s32)fd, 0, 1);
+		gt_py_mark_spawner(c, tgid, (__s32)fd, conn_id, 1);
 	// A server may start this request's task later, from the step that
 	// finishes the previous response on the connection (uvicorn does when the
 	// request arrived while that response was still being sent).
 	__u64 key = (__u64)tgid << 32 | (__u32)fd;
 	__u64 *prev = bpf_map_lookup_elem(&pytest_last_resp, &key);
 	if (prev)
-		gt_py_mark_spawner(*prev, tgid, (__s32)fd, 0, 0);
+		gt_py_mark_spawner(*prev, tgid, (__s32)fd, conn_id, 0);
 	return 0;
 }
 
