@@ -400,16 +400,27 @@ func (t *Tracer) perCPUSums(m *ebpf.Map, n uint32) ([]uint64, error) {
 	err := t.ops.Do(func() error {
 		var per []uint64
 		for i := uint32(0); i < n; i++ {
-			if err := m.Lookup(i, &per); err != nil {
+			var err error
+			if out[i], err = perCPUSum(m, i, &per); err != nil {
 				return err
-			}
-			for _, v := range per {
-				out[i] += v
 			}
 		}
 		return nil
 	})
 	return out, err
+}
+
+// perCPUSum reads slot i of a per-CPU array summed over the CPUs, into per
+// (reused). On the map thread only.
+func perCPUSum(m *ebpf.Map, i uint32, per *[]uint64) (uint64, error) {
+	if err := m.Lookup(i, per); err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, v := range *per {
+		sum += v
+	}
+	return sum, nil
 }
 
 // ProfSection is one row of ProfTable: a timed section of the BPF programs.

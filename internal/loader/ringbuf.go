@@ -135,17 +135,11 @@ const (
 // (records arriving in the poll after the overflow) spread over the run.
 func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
 	// One counter, not all of Stats: this runs every lagPoll.
-	failures := func() uint64 {
-		var n uint64
-		t.ops.Do(func() error {
-			var per []uint64
-			if err := t.objs.GtStats.Lookup(StatRingbufFull, &per); err != nil {
-				return err
-			}
-			for _, v := range per {
-				n += v
-			}
-			return nil
+	var per []uint64
+	failures := func() (n uint64) {
+		t.ops.Do(func() (err error) {
+			n, err = perCPUSum(t.objs.GtStats, StatRingbufFull, &per)
+			return err
 		})
 		return n
 	}
