@@ -114,8 +114,15 @@ def app(args):
         api.add_middleware(BaseHTTPMiddleware, dispatch=passthrough)
 
     print(f"app pid {os.getpid()} python {sys.version.split()[0]}", flush=True)
+    # Gym's keep-alive timeout (30 s, as test/stack/stacklib.py's servers),
+    # not uvicorn's 5 s: Debian 12's uvicorn 0.17 arms that timer when a
+    # response completes even if it then starts a request that arrived
+    # meanwhile (BaseHTTPMiddleware's responses finish after the client has
+    # them all and sent its next request), and closes the connection under
+    # that request if it runs longer: ServerDisconnected in the load, once in
+    # CI, with two QEMU guests slowing requests on the same two cores.
     uvicorn.run(api, host="127.0.0.1", port=args.port, loop=args.loop, http=args.http,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, timeout_keep_alive=30)
 
 
 async def load(args):
