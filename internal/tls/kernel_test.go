@@ -40,6 +40,11 @@ type kernel struct {
 	mu     sync.Mutex
 	events []rawEvent
 	links  map[string]link.Link // syscall tracepoint -> its link
+	// drained counts the reader's reads that found the ring empty; ended
+	// is set when the reader stops. Both under mu, signalled on idle.
+	drained uint64
+	ended   bool
+	idle    *sync.Cond
 }
 
 type rawEvent struct {
@@ -103,14 +108,27 @@ func loadKernelWith(t *testing.T, load func() (*testbpf.Objects, error)) *kernel
 		t.Fatal(err)
 	}
 	k := &kernel{objs: objs, rd: rd, links: links}
+	k.idle = sync.NewCond(&k.mu)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer func() {
+			k.mu.Lock()
+			k.ended = true
+			k.idle.Broadcast()
+			k.mu.Unlock()
+		}()
 		for {
 			// Records are submitted without a wakeup (gt_submit): poll.
 			rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
 			rec, err := rd.Read()
 			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// The ring was empty: every record made before this
+				// read began has been taken.
+				k.mu.Lock()
+				k.drained++
+				k.idle.Broadcast()
+				k.mu.Unlock()
 				continue
 			}
 			if err != nil {
@@ -197,12 +215,16 @@ func (k *kernel) stat(t *testing.T, slot uint32) uint64 {
 	return n
 }
 
-// take returns (and forgets) the events of pid seen so far, after a short
-// wait for the ring buffer to drain.
+// take returns (and forgets) the events of pid made so far: it waits until
+// a read that began after the call found the ring empty (two empty reads
+// from now: the first may have begun before), however long a busy machine
+// keeps the reader from running.
 func (k *kernel) take(pid int) []rawEvent {
-	time.Sleep(200 * time.Millisecond)
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	for from := k.drained; k.drained < from+2 && !k.ended; {
+		k.idle.Wait()
+	}
 	var out, rest []rawEvent
 	for _, e := range k.events {
 		if int(e.ev.Pid) == pid {
