@@ -258,11 +258,9 @@ func TestOTLPOutageThenRecovery(t *testing.T) {
 		for i := 0; i < n; i++ {
 			s := testSpans(base)[3]
 			s.SpanID = sid(fmt.Sprintf("%016x", submitted+1))
-			start := time.Now()
+			// Submit never waits for the exporter: a full queue drops
+			// (counted, checked below) instead of blocking.
 			p.Submit(s)
-			if d := time.Since(start); d > 50*time.Millisecond {
-				t.Fatalf("Submit blocked for %v during the outage", d)
-			}
 			submitted++
 		}
 	}
@@ -300,10 +298,10 @@ func TestOTLPOutageThenRecovery(t *testing.T) {
 	defer rcv.stop()
 	recovered := time.Now()
 	submit(100)
-	waitFor(t, 8*time.Second, "export to resume", func() bool { return p.Stats().Exported >= 100 })
+	waitFor(t, 30*time.Second, "export to resume", func() bool { return p.Stats().Exported >= 100 })
 	t.Logf("export resumed %v after the receiver came back", time.Since(recovered).Round(time.Millisecond))
 
-	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := p.Shutdown(sctx); err != nil {
 		t.Fatalf("shutdown: %v", err)
@@ -318,10 +316,15 @@ func TestOTLPOutageThenRecovery(t *testing.T) {
 	}
 }
 
-// A collector that takes seconds per request never slows Submit.
+// A collector that does not answer never slows Submit: with every export
+// held (it answers after an hour, so an export ends only when the exporter
+// gives up on it), 20000 Submits return, the queue stays bounded and the rest
+// is dropped and counted, and Shutdown returns at its deadline reporting what
+// it could not send. Nothing here is timed: the bounds below only turn a hang
+// into a failure.
 func TestOTLPSlowReceiverNeverBlocksSubmit(t *testing.T) {
 	rcv := newReceiver(t)
-	rcv.setDelay(2 * time.Second)
+	rcv.setDelay(time.Hour)
 	ctx := context.Background()
 	exp, err := NewOTLP(ctx, OTLPConfig{Endpoint: "http://" + rcv.addr})
 	if err != nil {
@@ -329,32 +332,36 @@ func TestOTLPSlowReceiverNeverBlocksSubmit(t *testing.T) {
 	}
 	p := NewPipeline(exp, PipelineConfig{QueueSize: 1000, BatchSize: 100, BatchTimeout: 10 * time.Millisecond})
 	s := testSpans(time.Now())[3]
-	var worst time.Duration
-	start := time.Now()
-	for i := 0; i < 20000; i++ {
-		t0 := time.Now()
-		p.Submit(s)
-		worst = max(worst, time.Since(t0))
+	submitted := make(chan struct{})
+	go func() {
+		defer close(submitted)
+		for i := 0; i < 20000; i++ {
+			p.Submit(s)
+		}
+	}()
+	select {
+	case <-submitted:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("20000 Submits had not returned after 2 minutes with the collector holding every export: %+v", p.Stats())
 	}
-	total := time.Since(start)
 	st := p.Stats()
-	t.Logf("20000 Submits in %v, worst %v, %+v", total, worst, st)
-	if total > time.Second || worst > 50*time.Millisecond {
-		t.Errorf("Submit waited on a slow collector: total %v, worst %v", total, worst)
-	}
-	// Bounded by the queue plus one call's batch (MaxBatchSize, 4 x 100).
+	t.Logf("20000 Submits with the collector holding every export: %+v", st)
+	// Bounded by the queue plus one call's batch (MaxBatchSize, 4 x 100);
+	// had Submit waited for room, nothing would have been dropped.
 	if st.Dropped == 0 || st.QueueLen > st.QueueCap+400 {
 		t.Errorf("want a bounded queue with drops: %+v", st)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
-	t0 := time.Now()
-	err = p.Shutdown(sctx)
-	if d := time.Since(t0); d > 2*time.Second {
-		t.Errorf("shutdown took %v with a 500ms deadline", d)
+	shut := make(chan error, 1)
+	go func() { shut <- p.Shutdown(sctx) }()
+	select {
+	case err = <-shut:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Shutdown with a 500ms deadline had not returned after 2 minutes")
 	}
 	if err == nil {
-		t.Error("shutdown reported no unsent spans with a 2s-per-request collector and a 500ms deadline")
+		t.Error("shutdown reported no unsent spans with a collector that never answered and a 500ms deadline")
 	}
 	st = p.Stats()
 	if got := st.Exported + st.Failed + st.Dropped; got != 20000 {

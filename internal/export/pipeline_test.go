@@ -60,27 +60,33 @@ func named(n int) []spans.Span {
 }
 
 func TestPipelineBatchesBySizeAndTime(t *testing.T) {
+	// By size, with a timer that never runs in the test: whatever the
+	// machine's pace, only whole batches go.
 	f := &fakeExporter{}
-	p := NewPipeline(f, PipelineConfig{BatchSize: 10, MaxBatchSize: 20, BatchTimeout: 100 * time.Millisecond})
+	p := NewPipeline(f, PipelineConfig{BatchSize: 10, MaxBatchSize: 20, BatchTimeout: time.Hour})
 	defer p.Shutdown(context.Background())
-
 	p.Submit(named(9)...)
-	time.Sleep(20 * time.Millisecond)
-	if s := f.sizes(); len(s) != 0 {
-		t.Fatalf("batches %v before a batch was full or the timer ran", s)
-	}
 	p.Submit(named(36)...)
 	// 45 wait: whole batches go at once, two per call (MaxBatchSize), and
-	// the remaining 5 wait for the timer.
-	waitFor(t, time.Second, "the full batches", func() bool { return len(f.sizes()) >= 2 })
-	if s := f.sizes(); s[0] != 20 || s[1] != 20 || len(s) != 2 {
+	// the remaining 5 wait for the timer; the first 9 never went alone.
+	waitFor(t, 30*time.Second, "the full batches", func() bool { return p.Stats().Exported == 40 })
+	if s := f.sizes(); len(s) != 2 || s[0] != 20 || s[1] != 20 {
 		t.Fatalf("batches %v, want [20 20] before the timer", s)
 	}
-	waitFor(t, time.Second, "the partial batch on the timer", func() bool { return len(f.sizes()) == 3 })
-	if s := f.sizes(); s[2] != 5 {
+	if st := p.Stats(); st.QueueLen != 5 || st.Dropped != 0 {
+		t.Fatalf("stats %+v, want 5 queued", st)
+	}
+
+	// By time: a partial batch goes when the timer runs.
+	g := &fakeExporter{}
+	q := NewPipeline(g, PipelineConfig{BatchSize: 10, BatchTimeout: 20 * time.Millisecond})
+	defer q.Shutdown(context.Background())
+	q.Submit(named(5)...)
+	waitFor(t, 30*time.Second, "the partial batch on the timer", func() bool { return len(g.sizes()) == 1 })
+	if s := g.sizes(); s[0] != 5 {
 		t.Fatalf("batches %v", s)
 	}
-	if st := p.Stats(); st.Exported != 45 || st.QueueLen != 0 || st.Dropped != 0 {
+	if st := q.Stats(); st.Exported != 5 || st.QueueLen != 0 || st.Dropped != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -119,7 +125,7 @@ func TestPipelineRetriesWithBackoffThenSucceeds(t *testing.T) {
 		InitialBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
 	defer p.Shutdown(context.Background())
 	p.Submit(named(5)...)
-	waitFor(t, 2*time.Second, "the batch after 3 failures", func() bool { return p.Stats().Exported == 5 })
+	waitFor(t, 30*time.Second, "the batch after 3 failures", func() bool { return p.Stats().Exported == 5 })
 	if st := p.Stats(); st.Failed != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -130,7 +136,7 @@ func TestPipelineGivesUpAfterMaxRetryTime(t *testing.T) {
 	p := NewPipeline(f, PipelineConfig{BatchSize: 5, BatchTimeout: 10 * time.Millisecond,
 		InitialBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxRetryTime: 100 * time.Millisecond})
 	p.Submit(named(5)...)
-	waitFor(t, 2*time.Second, "the batch to be given up", func() bool { return p.Stats().Failed == 5 })
+	waitFor(t, 30*time.Second, "the batch to be given up", func() bool { return p.Stats().Failed == 5 })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	p.Shutdown(ctx)
@@ -173,7 +179,7 @@ func TestPipelineSurvivesAPanickingExporter(t *testing.T) {
 	p := NewPipeline(f, PipelineConfig{BatchSize: 2, BatchTimeout: 10 * time.Millisecond, InitialBackoff: 5 * time.Millisecond})
 	defer p.Shutdown(context.Background())
 	p.Submit(named(2)...)
-	waitFor(t, time.Second, "the retry after the panic", func() bool { return p.Stats().Exported == 2 })
+	waitFor(t, 30*time.Second, "the retry after the panic", func() bool { return p.Stats().Exported == 2 })
 }
 
 type exporterFunc func(context.Context, []spans.Span) error

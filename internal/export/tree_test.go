@@ -178,5 +178,5 @@ func TestTreeExporterRunsItsTimer(t *testing.T) {
 	tr := NewTree(&buf, TreeConfig{Grace: 50 * time.Millisecond})
 	defer tr.Shutdown(context.Background())
 	tr.Export(context.Background(), sampleRollout(time.Now()))
-	waitFor(t, 2*time.Second, "the rollout to print", func() bool { return strings.Contains(buf.String(), "rollout 3-0") })
+	waitFor(t, 30*time.Second, "the rollout to print", func() bool { return strings.Contains(buf.String(), "rollout 3-0") })
 }

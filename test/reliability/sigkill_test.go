@@ -69,19 +69,23 @@ func TestAgentSIGKILL(t *testing.T) {
 			gone = time.Since(killed)
 			break
 		}
-		if time.Since(killed) > 2*time.Second {
-			t.Fatalf("2s after SIGKILL these of gymtrace's BPF objects are still loaded: %v", left)
+		// The kernel frees them in deferred work: a bound on a failure,
+		// not a timing (the time taken is logged).
+		if time.Since(killed) > 30*time.Second {
+			t.Fatalf("30s after SIGKILL these of gymtrace's BPF objects are still loaded: %v", left)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 
 	// The workload kept going through the kill.
-	time.Sleep(500 * time.Millisecond)
+	for deadline := time.Now().Add(30 * time.Second); res.ok.Load() <= okBefore; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("the workload made no progress in the 30s after gymtrace was killed (%s)", res)
+			break
+		}
+	}
 	if res.errs.Load() != 0 || res.bad.Load() != 0 {
 		t.Errorf("the workload saw failures around the SIGKILL: %s", res)
-	}
-	if res.ok.Load() <= okBefore {
-		t.Errorf("the workload made no progress after gymtrace was killed (%s)", res)
 	}
 
 	// A new gymtrace works at once.
