@@ -72,7 +72,7 @@ func TestOverloadBurst(t *testing.T) {
 	// Before the burst: one request, one span, nothing lost.
 	before := uniquePath("before")
 	get(t, srv.url(before))
-	waitSpan(t, g.jsonl, 10*time.Second, "for "+before, func(s span) bool { return s.path() == before })
+	waitSpan(t, g.jsonl, 30*time.Second, "for "+before, func(s span) bool { return s.path() == before })
 	rssBefore := memKiB(t, g.Pid(), "VmRSS")
 
 	d := pick(5*time.Second, 60*time.Second)
@@ -104,7 +104,7 @@ func TestOverloadBurst(t *testing.T) {
 	after := uniquePath("after")
 	start := time.Now()
 	get(t, srv.url(after))
-	waitSpan(t, g.jsonl, 10*time.Second, "for "+after+" (capture did not resume after the burst)",
+	waitSpan(t, g.jsonl, 30*time.Second, "for "+after+" (capture did not resume after the burst)",
 		func(s span) bool { return s.path() == after })
 	resumed := time.Since(start)
 

@@ -99,11 +99,11 @@ func TestSecretsSandboxArgvAndOTLP(t *testing.T) {
 	}
 
 	// The paths were traced (or this test proves nothing).
-	waitSpan(t, sk.out, 15*time.Second, "gym.sandbox.exec from the fake docker (OTLP)",
+	waitSpan(t, sk.out, 30*time.Second, "gym.sandbox.exec from the fake docker (OTLP)",
 		func(s span) bool { return strings.HasPrefix(s.Name, "gym.sandbox.") })
-	waitSpan(t, sk.out, 15*time.Second, "for POST /run_sandbox (OTLP)",
+	waitSpan(t, sk.out, 30*time.Second, "for POST /run_sandbox (OTLP)",
 		func(s span) bool { return s.Kind == "SERVER" && s.path() == "/run_sandbox" })
-	waitSpan(t, gJSON.jsonl, 15*time.Second, "gym.sandbox.* (jsonl)", func(s span) bool { return strings.HasPrefix(s.Name, "gym.sandbox.") })
+	waitSpan(t, gJSON.jsonl, 30*time.Second, "gym.sandbox.* (jsonl)", func(s span) bool { return strings.HasPrefix(s.Name, "gym.sandbox.") })
 	gOTLP.terminate(t)
 	gJSON.terminate(t)
 

@@ -25,7 +25,7 @@ func TestAgentSIGKILL(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	res := load(ctx, srv.url("/steady"), 2, 2*time.Millisecond)
-	waitSpan(t, g.jsonl, 10*time.Second, "under steady load", func(s span) bool { return s.path() == "/steady" })
+	waitSpan(t, g.jsonl, 30*time.Second, "under steady load", func(s span) bool { return s.path() == "/steady" })
 
 	progs, maps, err := bpfObjects(g.Pid())
 	if err != nil {
@@ -93,7 +93,7 @@ func TestAgentSIGKILL(t *testing.T) {
 	g2 := startGymtrace(t, gtOpts{pids: []int{srv.Pid()}})
 	path := uniquePath("restarted-agent")
 	get(t, srv.url(path))
-	waitSpan(t, g2.jsonl, 10*time.Second, "for "+path+" from the restarted gymtrace", func(s span) bool { return s.path() == path })
+	waitSpan(t, g2.jsonl, 30*time.Second, "for "+path+" from the restarted gymtrace", func(s span) bool { return s.path() == path })
 	again := time.Since(start)
 	cancel()
 	g2.terminate(t)

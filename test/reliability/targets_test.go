@@ -132,7 +132,7 @@ func TestTargetCrashRestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	res := load(ctx, "http://"+sup.addr+"/traffic", 4, 2*time.Millisecond)
-	waitSpan(t, g.jsonl, 10*time.Second, fmt.Sprintf("from the supervisor's child %d", p1),
+	waitSpan(t, g.jsonl, 30*time.Second, fmt.Sprintf("from the supervisor's child %d", p1),
 		func(s span) bool { return s.pid() == p1 })
 	before, capacity := connEntries(t, g.Pid())
 
@@ -146,7 +146,7 @@ func TestTargetCrashRestart(t *testing.T) {
 	p2 := sup.nextChild(t)
 	marker := uniquePath("after-restart")
 	get(t, "http://"+sup.addr+marker)
-	sp := waitSpan(t, g.jsonl, 10*time.Second, fmt.Sprintf("%s from the restarted server %d", marker, p2),
+	sp := waitSpan(t, g.jsonl, 30*time.Second, fmt.Sprintf("%s from the restarted server %d", marker, p2),
 		func(s span) bool { return s.path() == marker })
 	if sp.pid() != p2 {
 		t.Errorf("span for %s has process.pid %d, want the restarted server's %d", marker, sp.pid(), p2)
@@ -199,7 +199,7 @@ func TestPIDReuse(t *testing.T) {
 	// Keep-alive connections that are open when the server dies.
 	ctx, cancel := context.WithCancel(context.Background())
 	res := load(ctx, "http://"+sup.addr+"/old", 8, 20*time.Millisecond)
-	waitSpan(t, g.jsonl, 10*time.Second, "from the first server", func(s span) bool { return s.pid() == p1 })
+	waitSpan(t, g.jsonl, 30*time.Second, "from the first server", func(s span) bool { return s.pid() == p1 })
 	time.Sleep(300 * time.Millisecond)
 	syscall.Kill(p1, syscall.SIGKILL)
 	cancel()
@@ -307,7 +307,7 @@ func TestForkedWorkerTraced(t *testing.T) {
 
 	path := uniquePath("forked")
 	get(t, "http://"+addr+path)
-	sp := waitSpan(t, g.jsonl, 10*time.Second, fmt.Sprintf("for %s served by the forked worker %d", path, child),
+	sp := waitSpan(t, g.jsonl, 30*time.Second, fmt.Sprintf("for %s served by the forked worker %d", path, child),
 		func(s span) bool { return s.path() == path })
 	if sp.pid() != child {
 		t.Errorf("span for %s has process.pid %d, want the worker's %d", path, sp.pid(), child)
