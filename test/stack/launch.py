@@ -351,7 +351,15 @@ def stop_servers(servers, timeout=10.0):
         try:
             codes[s["kind"]] = s["proc"].wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log(f"{s['kind']} (pid {s['pid']}) ignored SIGTERM for {timeout}s; killing it")
+            # First ask it what it waits on (stacklib.dump_tasks, into its
+            # log), then kill it and show that log's end.
+            try:
+                os.kill(s["pid"], signal.SIGUSR1)
+                s["proc"].wait(2)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+            log(f"{s['kind']} (pid {s['pid']}) ignored SIGTERM for {timeout}s; killing it. Its log's end:\n"
+                f"{log_tail(s['log'], 80)}")
             for pid in (s["pid"], s.get("shell_pid")):
                 if pid:
                     try:

@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import sys
 import time
@@ -355,9 +356,22 @@ def session_cookie_name(class_name, server_name):
     return f"{class_name}___{server_name}"
 
 
+def dump_tasks():
+    tasks = asyncio.all_tasks()
+    print(f"SIGUSR1: {len(tasks)} asyncio tasks", file=sys.stderr)
+    for t in tasks:
+        print(f"--- {t!r}", file=sys.stderr)
+        t.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def install_lifecycle(app, cfg, truth, client, args):
     @app.on_event("startup")
     async def _startup():
+        # SIGUSR1 (launch.py, before it kills a server that ignored
+        # SIGTERM): what the loop is waiting on, into this server's log. No
+        # dump at all means the loop itself was blocked.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
         await client.start()
         if truth.enabled:
             app.state.gt_flusher = asyncio.get_running_loop().create_task(truth.flusher())

@@ -105,7 +105,7 @@ class StackTest(unittest.TestCase):
         self.assertEqual(ev["summary"]["reward_mean"], 1.0, "cookies were not forwarded on every hop")
         self.assertTrue(ev["truth_check"]["ok"], ev["truth_check"])
         self.assertEqual(ev["truth_check"]["runs"], rollouts)
-        self.assertEqual(set(ev["stopped"]["exit_codes"].values()), {0})
+        self.assertEqual(set(ev["stopped"]["exit_codes"].values()), {0}, r.stderr[-8000:])
         return ev
 
     def test_default(self):
@@ -367,7 +367,7 @@ class VerifyOptionsTest(unittest.TestCase):
         self.assertEqual(tc["out_errors"], 0)  # nothing retried
         self.assertTrue(all(x["body_bytes"] > 64 * 1024 and x["session_ok"] for x in ok))
         self.assertAlmostEqual(summ["reward_mean"], sum(x["reward"] for x in ok) / len(ok), places=3)
-        self.assertEqual(set(ev["stopped"]["exit_codes"].values()), {0})
+        self.assertEqual(set(ev["stopped"]["exit_codes"].values()), {0}, r.stderr[-8000:])
 
 
 class NgRunTest(unittest.TestCase):
