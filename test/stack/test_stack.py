@@ -175,8 +175,9 @@ class StackTest(unittest.TestCase):
             summary = json.loads(c.stdout)
             self.assertGreaterEqual(summary["rollouts"], 2, summary)
             # Worker w sends ids w, w+2, w+4...: each worker's are a run with no gap.
+            tasks = sorted(int(r.split("-")[0]) for r in summary["rollout_ids"])
             for w in range(2):
-                mine = sorted(int(r.split("-")[0]) for r in summary["rollout_ids"] if int(r.split("-")[0]) % 2 == w)
+                mine = [i for i in tasks if i % 2 == w]
                 self.assertEqual(mine, list(range(w, w + 2 * len(mine), 2)), summary)
                 self.assertTrue(mine, f"worker {w} sent no rollout: {summary}")
             self.assertEqual(summary["ok"], summary["rollouts"])
