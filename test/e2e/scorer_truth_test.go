@@ -117,8 +117,8 @@ type joinKey struct {
 // (process and the connection's ports). A keep-alive connection carries its
 // requests one after another, in the same order in the truth and in the
 // kernel, so on each connection the pairing keeps that order: of the
-// order-keeping pairings whose pairs overlap in time (with slack), the one
-// with the most pairs, then the least cost (distance of starts and of ends).
+// order-keeping pairings whose pairs the times allow (pairCost), the one
+// with the most pairs, then the least cost.
 // A greedy pairing by cost alone is not enough: a span whose response record
 // was lost ends with its request, so its end says nothing and a later record
 // could take it from its own.
@@ -158,11 +158,17 @@ func matchByPorts(recs []truthRec, recKey func(truthRec) (joinKey, bool),
 	return out
 }
 
-// pairCost: whether record r and span s may be a pair (their times overlap,
-// with slack, and their paths agree), and how far apart they are.
+// pairCost: whether record r and span s may be a pair (their paths agree and
+// their times allow it), and how far apart they are. Where the span carries
+// the kernel's own start (gymtrace.debug.req_start) the times are compared
+// on the one clock both share (kernelCost); otherwise by wall time, with
+// slack.
 func pairCost(r truthRec, s Span) (int64, bool) {
 	if !samePath(r.Path, s.Path()) {
 		return 0, false
+	}
+	if c, ok, known := kernelCost(r, s); known {
+		return c, ok
 	}
 	ss, se := int64(s.Start), int64(s.End)
 	endCost := abs64(se - r.TEnd)
@@ -176,6 +182,36 @@ func pairCost(r truthRec, s Span) (int64, bool) {
 		return 0, false
 	}
 	return abs64(ss-r.TStart) + endCost, true
+}
+
+// kernelCost compares span s's kernel start (CLOCK_MONOTONIC, stamped as
+// its syscall returned) with record r's monotonic stamps, which the app takes
+// on the same clock: a request is read before its handler begins (r's start
+// follows the read), a call is written while it is in progress (between r's
+// start and end). The cost is the distance from r's start, so among the
+// records a span may belong to its own is the cheapest: on a connection the
+// requests follow one another, and a later one starts later.
+//
+// Wall time cannot do this: a span whose response record was lost has no
+// end, so it overlaps every record that ended after it began, and under load
+// a handler can begin well after the read while the previous request's began
+// just before it (seen in CI: a model SERVER span scored as the request
+// before its own, another rollout's, reported as a trace shared by two
+// rollouts while gymtrace's join by TCP stream position was right). known
+// says whether both sides carry kernel time.
+func kernelCost(r truthRec, s Span) (cost int64, ok, known bool) {
+	v, has := s.Attributes["gymtrace.debug.req_start"]
+	k := int64(anyInt(v))
+	if !has || k == 0 || r.MonoStart == 0 {
+		return 0, false, false
+	}
+	switch s.Kind {
+	case "SERVER":
+		return r.MonoStart - k, r.MonoStart >= k, true
+	case "CLIENT":
+		return k - r.MonoStart, r.MonoStart <= k && (r.MonoEnd == 0 || k <= r.MonoEnd), true
+	}
+	return 0, false, false
 }
 
 // samePath: a request's path as its sender wrote it (truth) and as a span
