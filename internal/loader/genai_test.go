@@ -50,7 +50,9 @@ func genaiExchange(t *testing.T, r *rig, path, reqBody string, reqSplits []int, 
 	for _, p := range parts {
 		total += len(p)
 	}
+	answered := make(chan struct{}) // the server's writes returned: its records are in the ring
 	addr := server(t, func(c net.Conn) {
+		defer close(answered)
 		c.(*net.TCPConn).SetWriteBuffer(1 << 20)
 		if _, err := readRequest(bufio.NewReaderSize(c, 4096)); err != nil {
 			return
@@ -76,9 +78,11 @@ func genaiExchange(t *testing.T, r *rig, path, reqBody string, reqSplits []int, 
 	if _, err := io.ReadFull(c, make([]byte, total)); err != nil {
 		t.Fatal(err)
 	}
-	s := r.waitFor(1, onConn(c, EvResponse, SideServer))
+	<-answered
+	r.settle()
+	s := r.events(onConn(c, EvResponse, SideServer))
 	if len(s) != 1 {
-		t.Fatalf("server responses: %d, want 1", len(s))
+		t.Fatalf("server responses: %d, want 1 (%s)", len(s), r.connRecords(c))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -296,7 +300,9 @@ func TestGenAIWalk(t *testing.T) {
 	// the first answer's values are not taken for either; the second
 	// request's model still is.
 	t.Run("pipelined", func(t *testing.T) {
+		answered := make(chan struct{})
 		addr := server(t, func(c net.Conn) {
+			defer close(answered)
 			br := bufio.NewReaderSize(c, 1<<16)
 			for i := 0; i < 2; i++ {
 				if _, err := readRequest(br); err != nil {
@@ -322,9 +328,11 @@ func TestGenAIWalk(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		s := r.waitFor(2, onConn(c, EvResponse, SideServer))
+		<-answered
+		r.settle()
+		s := r.events(onConn(c, EvResponse, SideServer))
 		if len(s) != 2 {
-			t.Fatalf("server responses: %d", len(s))
+			t.Fatalf("server responses: %d, want 2 (%s)", len(s), r.connRecords(c))
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()

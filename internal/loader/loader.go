@@ -59,6 +59,10 @@ type Tracer struct {
 	// lagging (GYMTRACE_TEST_LAGGING_READER=1, tests only): the reader
 	// falls behind on purpose until the ring overflows (see lag).
 	lagging bool
+	// drained (tests only) is called by Read each time a drain has left
+	// the ring empty, after delivering what it read: a barrier that does
+	// not depend on how long a busy machine keeps the reader off the CPU.
+	drained func()
 }
 
 // Load loads the BPF objects into the kernel and attaches every program.

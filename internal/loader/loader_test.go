@@ -39,6 +39,11 @@ type rig struct {
 	mu  sync.Mutex
 	evs []HTTPEvent
 	ga  []GenAIEvent // GenAI records (genai_test.go)
+	// drains counts the reader's drains that left the ring empty; ended is
+	// set when the reader stops. Both under mu, signalled on idle.
+	drains uint64
+	ended  bool
+	idle   *sync.Cond
 }
 
 // loadSelf loads the programs with the gate set to mask (every group
@@ -73,10 +78,23 @@ func loadSelfWith(t *testing.T, mask uint64, opts Options) *Tracer {
 func newRig(t *testing.T, mask uint64) *rig {
 	tr := loadSelf(t, mask)
 	r := &rig{t: t, tr: tr}
+	r.idle = sync.NewCond(&r.mu)
+	tr.drained = func() {
+		r.mu.Lock()
+		r.drains++
+		r.idle.Broadcast()
+		r.mu.Unlock()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer func() {
+			r.mu.Lock()
+			r.ended = true
+			r.idle.Broadcast()
+			r.mu.Unlock()
+		}()
 		_ = tr.Read(ctx, func(raw []byte) {
 			if len(raw) >= GenAIEventSize && raw[0] == EvGenAI {
 				var ga GenAIEvent
@@ -101,10 +119,19 @@ func newRig(t *testing.T, mask uint64) *rig {
 	return r
 }
 
-// waitFor polls until n events matching f arrived, then returns them.
+// waitFor waits until n events matching f arrived, or the reader has
+// emptied the ring twice since the call (the first drain may have begun
+// before it) and 3 s have passed, then returns the matching events. The
+// drains make it wait however long a busy machine keeps the reader from
+// running; the 3 s is for records whose syscall has not returned yet (a
+// server's answer can reach its client before the server's write returns).
+// Callers that must see everything their own syscalls made use settle.
 func (r *rig) waitFor(n int, f func(*HTTPEvent) bool) []HTTPEvent {
 	r.t.Helper()
 	deadline := time.Now().Add(3 * time.Second)
+	r.mu.Lock()
+	from := r.drains
+	r.mu.Unlock()
 	for {
 		var out []HTTPEvent
 		r.mu.Lock()
@@ -113,12 +140,63 @@ func (r *rig) waitFor(n int, f func(*HTTPEvent) bool) []HTTPEvent {
 				out = append(out, r.evs[i])
 			}
 		}
+		caughtUp := r.drains >= from+2 || r.ended
 		r.mu.Unlock()
-		if len(out) >= n || time.Now().After(deadline) {
+		if len(out) >= n || caughtUp && time.Now().After(deadline) {
 			return out
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// settle returns once the reader has delivered every record in the ring at
+// the time of the call: after two drains that left it empty (the first may
+// have begun before the call).
+func (r *rig) settle() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for from := r.drains; r.drains < from+2 && !r.ended; {
+		r.idle.Wait()
+	}
+}
+
+// events returns the events matching f read so far.
+func (r *rig) events(f func(*HTTPEvent) bool) []HTTPEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []HTTPEvent
+	for i := range r.evs {
+		if f(&r.evs[i]) {
+			out = append(out, r.evs[i])
+		}
+	}
+	return out
+}
+
+// connRecords describes, for a finding, the records read on connection c
+// (kind/side), the kernel's count of records the ring had no room for, and
+// the runs of the programs the kernel skipped (recursion misses: a skipped
+// syscall program makes no record).
+func (r *rig) connRecords(c net.Conn) string {
+	var parts []string
+	for _, side := range []uint8{SideClient, SideServer} {
+		for _, kind := range []uint8{EvRequest, EvResponse, EvClose} {
+			if n := len(r.events(onConn(c, kind, side))); n > 0 {
+				parts = append(parts, fmt.Sprintf("kind %d side %d: %d", kind, side, n))
+			}
+		}
+	}
+	var skipped []string
+	for name, p := range r.tr.Programs() {
+		if p == nil {
+			continue
+		}
+		if st, err := p.Stats(); err == nil && st.RecursionMisses > 0 {
+			skipped = append(skipped, fmt.Sprintf("%s=%d", name, st.RecursionMisses))
+		}
+	}
+	return fmt.Sprintf("records on the connection: [%s]; ring full %d; program runs skipped: [%s]",
+		strings.Join(parts, ", "), r.stats()[StatRingbufFull], strings.Join(skipped, " "))
 }
 
 func (r *rig) stats() []uint64 {
@@ -433,8 +511,8 @@ func TestGateDropsDisabledGroupsInKernel(t *testing.T) {
 	if got := r.waitFor(2, kindSide(EvResponse, SideClient)); len(got) != 1 {
 		t.Fatalf("client responses: %d, want 1", len(got))
 	}
-	time.Sleep(100 * time.Millisecond)
-	if srv := r.waitFor(0, func(e *HTTPEvent) bool { return e.Side == SideServer }); len(srv) != 0 {
+	r.settle()
+	if srv := r.events(func(e *HTTPEvent) bool { return e.Side == SideServer }); len(srv) != 0 {
 		t.Errorf("server-side records emitted with server disabled: %d", len(srv))
 	}
 	after := r.stats()
@@ -467,8 +545,8 @@ func TestNonHTTPIgnored(t *testing.T) {
 		writeAll(t, c, p)
 		io.ReadFull(c, make([]byte, len(p)))
 	}
-	time.Sleep(200 * time.Millisecond)
-	if got := r.waitFor(0, func(*HTTPEvent) bool { return true }); len(got) != 0 {
+	r.settle()
+	if got := r.events(func(*HTTPEvent) bool { return true }); len(got) != 0 {
 		t.Errorf("non-HTTP bytes produced %d records: %+v", len(got), got[0])
 	}
 	if st := r.stats(); st[StatNotHTTP] == 0 {

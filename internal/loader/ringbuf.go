@@ -100,6 +100,9 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 		if n, _ := t.available(); n > 0 {
 			continue // written while this drain ran
 		}
+		if t.drained != nil {
+			t.drained()
+		}
 		select {
 		case <-ctx.Done():
 			return last()
