@@ -44,7 +44,7 @@ func startLive(t *testing.T, name string, argv ...string) *exec.Cmd {
 // waitFor rescans the real /proc until cond holds for the scan.
 func waitFor(t *testing.T, what string, cond func([]*Process) bool) []*Process {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		procs, err := Scan()
 		if err != nil {
@@ -154,7 +154,7 @@ func TestLiveWatcherExecAndExit(t *testing.T) {
 	pid := cmd.Process.Pid
 	// What the loader does on the kernel's exec event (retried: the event can
 	// come before the interpreter is in place).
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		w.OnExec(pid)
 		if c, ok := recvFor(ch, pid, 200*time.Millisecond); ok {
@@ -170,7 +170,7 @@ func TestLiveWatcherExecAndExit(t *testing.T) {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	w.OnExit(pid)
-	if c, ok := recvFor(ch, pid, 3*time.Second); !ok || c != (change{false, pid, name}) {
+	if c, ok := recvFor(ch, pid, 30*time.Second); !ok || c != (change{false, pid, name}) {
 		t.Fatalf("after exit got %v (%v), want -%d:%s", c, ok, pid, name)
 	}
 }

@@ -59,7 +59,7 @@ func expect(t *testing.T, ch <-chan change, want ...string) {
 		select {
 		case c := <-ch:
 			got = append(got, c.String())
-		case <-time.After(3 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("changes = %v, want %v (timed out)", got, want)
 		}
 	}

@@ -120,7 +120,7 @@ func runSender(t *testing.T, which string, objs *pytestbpf.Objects, probes sende
 		t.Fatalf("sender ended without its summary (%q): %v", line, err)
 	}
 	var out []sendEvent
-	rd.SetDeadline(time.Now().Add(2 * time.Second))
+	rd.SetDeadline(time.Now().Add(30 * time.Second)) // a bound on a failure
 	for len(out) < done.Sent {
 		rec, err := rd.Read()
 		if err != nil {

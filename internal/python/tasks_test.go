@@ -247,7 +247,7 @@ func kernelEagerSerial(t *testing.T, which string) {
 		fmt.Fprintln(s.stdin)
 	}
 	got := map[string]CtxID{}
-	rd.SetDeadline(time.Now().Add(5 * time.Second))
+	rd.SetDeadline(time.Now().Add(30 * time.Second)) // a bound on a failure
 	for len(got) < 3 {
 		rec, err := rd.Read()
 		if err != nil {

@@ -407,7 +407,7 @@ func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[stri
 // for the collection: the collector's /run calls are all there and the file
 // has stopped growing for longer than the servers' 200 ms flush interval.
 func waitTruth(path string, since int64, rollouts int) ([]truthRec, error) {
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	var last []byte
 	stable := time.Now()
 	for {

@@ -161,7 +161,7 @@ func lcProcState(pid int) byte {
 // lcWaitStopped waits until pid is in the stopped state.
 func lcWaitStopped(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		switch lcProcState(pid) {
 		case 'T':
@@ -171,7 +171,7 @@ func lcWaitStopped(t *testing.T, pid int) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("pid %d did not stop itself within 10 s", pid)
+	t.Fatalf("pid %d did not stop itself within 30 s", pid)
 }
 
 // TestLifecycleJobTruncatedAtShutdown: a run that outlives gymtrace ends its

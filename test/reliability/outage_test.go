@@ -160,7 +160,7 @@ func TestSlowCollector(t *testing.T) {
 	// spans is not compared here: see TestRequestSplitAcrossReads.)
 	emitted := m[`gymtrace_events_emitted_total{group="server"}`]
 	built := m[`gymtrace_spans_built_total{group="server"}`]
-	for wait := time.Now().Add(3 * time.Second); built < emitted && time.Now().Before(wait); {
+	for wait := time.Now().Add(30 * time.Second); built < emitted && time.Now().Before(wait); {
 		time.Sleep(200 * time.Millisecond)
 		m = g.metrics(t)
 		emitted = m[`gymtrace_events_emitted_total{group="server"}`]

@@ -119,7 +119,7 @@ func TestCapabilitiesDroppedAfterAttach(t *testing.T) {
 					path = "/verify"
 				}
 				send(t, tc.method, srv.url(path))
-				deadline := time.Now().Add(10 * time.Second)
+				deadline := time.Now().Add(30 * time.Second)
 				for {
 					got := readSpans(t, g.jsonl)
 					found := false

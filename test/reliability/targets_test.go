@@ -40,7 +40,7 @@ func startSupervisor(t *testing.T) *supervised {
 // child to listen.
 func (s *supervised) nextChild(t *testing.T) int {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var pids []int
 		for _, line := range strings.Split(s.Stdout.String(), "\n") {
@@ -157,7 +157,7 @@ func TestTargetCrashRestart(t *testing.T) {
 
 	// No connection state of the dead process stays behind.
 	var stale int
-	for wait := time.Now().Add(3 * time.Second); ; {
+	for wait := time.Now().Add(30 * time.Second); ; { // a bound on a failure, not a timing
 		after, _ := connEntries(t, g.Pid())
 		stale = after[uint32(p1)]
 		if stale == 0 || time.Now().After(wait) {
@@ -166,7 +166,7 @@ func TestTargetCrashRestart(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if stale != 0 {
-		t.Errorf("gt_conns still holds %d entries of the killed process %d 3s after its death (it had %d; capacity %d): "+
+		t.Errorf("gt_conns still holds %d entries of the killed process %d 30 s after its death (it had %d; capacity %d): "+
 			"connection state of crashed targets is not cleaned on exit (their sockets close in the kernel, without close(2)), it waits for LRU eviction and takes table space from live connections",
 			stale, p1, before[uint32(p1)], capacity)
 	}
@@ -229,7 +229,7 @@ func TestPIDReuse(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		c.Close()
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(30 * time.Second) // a bound on a failure
 		var got *span
 		for got == nil && time.Now().Before(deadline) {
 			for _, s := range readSpans(t, g.jsonl) {
