@@ -53,8 +53,9 @@ type Tracer struct {
 	wakeFile *os.File
 	wakeOnce sync.Once
 	wakeCh   chan struct{}
-	// pollEvery replaces PollInterval when set (tests: a reader that only
-	// wakeups can move).
+	// pollEvery replaces PollInterval when set, and the reader does not back
+	// off from it (tests: a reader that only wakeups can move, or one that
+	// looks often, so that waiting for its drains is quick).
 	pollEvery time.Duration
 	// lagging (GYMTRACE_TEST_LAGGING_READER=1, tests only): the reader
 	// falls behind on purpose until the ring overflows (see lag).

@@ -78,6 +78,7 @@ func loadSelfWith(t *testing.T, mask uint64, opts Options) *Tracer {
 func newRig(t *testing.T, mask uint64) *rig {
 	tr := loadSelf(t, mask)
 	r := &rig{t: t, tr: tr}
+	tr.pollEvery = 10 * time.Millisecond // settle waits for two drains
 	r.idle = sync.NewCond(&r.mu)
 	tr.drained = func() {
 		r.mu.Lock()

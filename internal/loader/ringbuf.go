@@ -108,7 +108,7 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 			return last()
 		case <-wake:
 		case <-timer.C:
-			if !got {
+			if !got && t.pollEvery == 0 {
 				interval = max(min(2*interval, MaxPollInterval), base)
 			}
 			timer.Reset(interval)
