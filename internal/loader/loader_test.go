@@ -134,15 +134,10 @@ func (r *rig) waitFor(n int, f func(*HTTPEvent) bool) []HTTPEvent {
 	from := r.drains
 	r.mu.Unlock()
 	for {
-		var out []HTTPEvent
 		r.mu.Lock()
-		for i := range r.evs {
-			if f(&r.evs[i]) {
-				out = append(out, r.evs[i])
-			}
-		}
-		caughtUp := r.drains >= from+2 || r.ended
+		caughtUp := r.drains >= from+2 || r.ended // read before the events: a drain after this read counts next time
 		r.mu.Unlock()
+		out := r.events(f)
 		if len(out) >= n || caughtUp && time.Now().After(deadline) {
 			return out
 		}

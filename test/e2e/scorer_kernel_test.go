@@ -47,18 +47,13 @@ func debugAttrs(s Span) string {
 // before its write and had not ended (the app stamps its truth first); for a
 // request, the first that began after its read (the handler stamps it after).
 func truthAt(recs []truthRec, mono int64, before bool, path string) (truthRec, bool) {
-	kind := "SERVER"
-	if before {
-		kind = "CLIENT"
-	}
-	s := Span{Kind: kind, Attributes: map[string]any{"gymtrace.debug.req_start": float64(mono)}}
 	best, found := truthRec{}, false
 	var bestC int64
 	for _, r := range recs {
-		if !samePath(r.Path, path) {
+		if !samePath(r.Path, path) || r.MonoStart == 0 {
 			continue
 		}
-		if c, ok, _ := kernelCost(r, s); ok && (!found || c < bestC) {
+		if c, ok := monoCost(r, mono, before); ok && (!found || c < bestC) {
 			best, bestC, found = r, c, true
 		}
 	}

@@ -202,16 +202,20 @@ func pairCost(r truthRec, s Span) (int64, bool) {
 func kernelCost(r truthRec, s Span) (cost int64, ok, known bool) {
 	v, has := s.Attributes["gymtrace.debug.req_start"]
 	k := int64(anyInt(v))
-	if !has || k == 0 || r.MonoStart == 0 {
+	if !has || k == 0 || r.MonoStart == 0 || s.Kind != "SERVER" && s.Kind != "CLIENT" {
 		return 0, false, false
 	}
-	switch s.Kind {
-	case "SERVER":
-		return r.MonoStart - k, r.MonoStart >= k, true
-	case "CLIENT":
-		return k - r.MonoStart, r.MonoStart <= k && (r.MonoEnd == 0 || k <= r.MonoEnd), true
+	cost, ok = monoCost(r, k, s.Kind == "CLIENT")
+	return cost, ok, true
+}
+
+// monoCost is kernelCost's rule for a kernel stamp k: of a call's write
+// (call) or of a request's read.
+func monoCost(r truthRec, k int64, call bool) (int64, bool) {
+	if call {
+		return k - r.MonoStart, r.MonoStart <= k && (r.MonoEnd == 0 || k <= r.MonoEnd)
 	}
-	return 0, false, false
+	return r.MonoStart - k, r.MonoStart >= k
 }
 
 // samePath: a request's path as its sender wrote it (truth) and as a span
