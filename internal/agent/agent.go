@@ -180,7 +180,14 @@ func (t *agent) attach() error {
 // startPipeline builds the userspace path: span builder, exporter, metrics.
 func (t *agent) startPipeline(ctx context.Context, term io.Writer) error {
 	cfg, log := t.cfg, t.log
+	clock, err := http.NewClock()
+	if err != nil {
+		return fmt.Errorf("reading the clocks: %w", err)
+	}
+	// Every span's wall-clock times share this error (durations do not).
+	log.Info("span wall-clock times from the kernel's monotonic clock", "offset_within", clock.Uncertainty())
 	b, err := spans.NewBuilder(spans.Options{
+		Clock:     clock,
 		Mask:      cfg.Mask,
 		Lookup:    t.lookup,
 		Sampler:   sampler(cfg.SampleRatio),
