@@ -8,10 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"testing"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/gymtrace/gymtrace/internal/config"
 	"github.com/gymtrace/gymtrace/internal/groups"
@@ -94,34 +91,6 @@ func TestKernelCounters(t *testing.T) {
 			t.Errorf("%s and %s read the same slot", name, other)
 		}
 		seen[v] = name
-	}
-}
-
-type fakeProgStats struct {
-	misses uint64
-	err    error
-}
-
-func (f fakeProgStats) Stats() (*ebpf.ProgramStats, error) {
-	if f.err != nil {
-		return nil, f.err
-	}
-	return &ebpf.ProgramStats{RecursionMisses: f.misses}, nil
-}
-
-// The runs the kernel skipped are summed over the programs; one whose stats
-// cannot be read counts none.
-func TestProgramsSkipped(t *testing.T) {
-	progs := map[string]fakeProgStats{"gt_exit_read": {misses: 14}, "gt_exit_recvfrom": {misses: 2},
-		"gt_exit_write": {misses: 3}, "gt_exit_sendto": {}, "gt_exec": {err: errors.New("no info")}}
-	if got := programsSkipped(progs); got != 19 {
-		t.Errorf("programsSkipped = %d, want 19", got)
-	}
-	if got := programsSkipped(map[string]fakeProgStats{}); got != 0 {
-		t.Errorf("no programs: %d", got)
-	}
-	if got, want := strings.Join(programsSkippedBy(progs), " "), "gt_exit_read=14 gt_exit_recvfrom=2 gt_exit_write=3"; got != want {
-		t.Errorf("programsSkippedBy = %q, want %q", got, want)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/gymtrace/gymtrace/internal/loader"
 )
 
 // Stopping (SIGINT, SIGTERM). The reader has delivered what the ring held
@@ -94,11 +96,11 @@ func (t *agent) shutdown() {
 		}
 	}
 	if t.kern != nil {
-		if skipped := programsSkippedBy(loadedPrograms(t.kern.Programs())); len(skipped) > 0 {
+		if skipped := loader.SkippedRunsBy(loader.LoadedPrograms(t.kern.Programs())); len(skipped) > 0 {
 			t.log.Warn("the kernel skipped runs of gymtrace's programs (recursion misses, gymtrace_kernel_events_total{reason=\"program_skipped\"}): a traced process's event in a skipped run is missing, unless the program is an understudy whose program ran",
 				"runs_skipped", skipped)
 		}
-		if stood := programsSkippedBy(loadedPrograms(t.kern.Understudied())); len(stood) > 0 {
+		if stood := loader.SkippedRunsBy(loader.LoadedPrograms(t.kern.Understudied())); len(stood) > 0 {
 			t.log.Info("the kernel skipped runs of syscall programs that have understudies (each traced process's event among them the understudy made: gymtrace_kernel_events_total{reason=\"program_stood_in\"})",
 				"runs_stood_in", stood)
 		}

@@ -182,15 +182,7 @@ func (r *rig) connRecords(c net.Conn) string {
 			}
 		}
 	}
-	var skipped []string
-	for name, p := range r.tr.Programs() {
-		if p == nil {
-			continue
-		}
-		if st, err := p.Stats(); err == nil && st.RecursionMisses > 0 {
-			skipped = append(skipped, fmt.Sprintf("%s=%d", name, st.RecursionMisses))
-		}
-	}
+	skipped := SkippedRunsBy(LoadedPrograms(r.tr.Programs()))
 	return fmt.Sprintf("records on the connection: [%s]; ring full %d; program runs skipped: [%s]",
 		strings.Join(parts, ", "), r.stats()[StatRingbufFull], strings.Join(skipped, " "))
 }
