@@ -63,6 +63,15 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 	// rollout, and a third of the bytes is a third of the cache lines. A
 	// reward (gt_scan_reward, in the step that ended the body, so its text
 	// is still in the scratch) adds its GT_REWARD_MAX bytes.
+	if (gt_ring_crowded()) {
+		// The rest is for request records (gt_shed_bytes): this one is
+		// lost as a failed reservation would be, and counted as one too
+		// (a loss is a loss to every reader of that counter).
+		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		gt_stat_add(GT_STAT_RESPONSE_SHED, 1);
+		c->gap |= GT_GAP_LOST;
+		return;
+	}
 	struct gt_scratch *sc = (extra & GT_F_REWARD) ? gt_get_scratch() : 0;
 	if (!sc)
 		extra &= ~GT_F_REWARD;

@@ -149,7 +149,7 @@ enum gt_gap {
 enum gt_stat {
 	GT_STAT_EMITTED = 0,       // + group bit index: events emitted per group
 	GT_STAT_DISCARDED = 16,    // + group bit index: events dropped by the gate per group
-	GT_STAT_RINGBUF_FULL = 32, // ring-buffer reservations that failed
+	GT_STAT_RINGBUF_FULL = 32, // records lost for room: reservations that failed, responses shed
 	GT_STAT_NOT_HTTP = 33,     // socket messages that were not HTTP/1.x
 	GT_STAT_PARSE_ERROR = 34,  // HTTP framing the kernel could not follow
 	GT_STAT_HDR_TRUNCATED = 35,
@@ -186,7 +186,12 @@ enum gt_stat {
 	// Syscall events a program's understudy handled because the kernel
 	// skipped the program itself (bpf/common/understudy.h): nothing lost.
 	GT_STAT_STOOD_IN = 57,
-	GT_STAT_MAX = 58,
+	// Response records not written because the ring buffer was crowded
+	// (gt_shed_bytes, bpf/common/util.h): its last quarter is kept for
+	// request records. Each is a record lost, counted in
+	// GT_STAT_RINGBUF_FULL as well.
+	GT_STAT_RESPONSE_SHED = 58,
+	GT_STAT_MAX = 59,
 };
 
 // The syscall programs that have an understudy (bpf/common/understudy.h):

@@ -97,6 +97,23 @@ static __always_inline void gt_prof_end(__u32 slot, __u64 t0)
 // filling buffer wakes it at once. The loader sets a quarter of the buffer.
 volatile const __u64 gt_wakeup_bytes = 2 << 20;
 
+// Ring-buffer bytes pending at and above which a response record is not
+// written (gt_emit_response): the rest of a filling buffer is kept for
+// request records. A lost request record loses its span, and the spans of
+// the calls it caused lose their parent (a rollout split in two); a lost
+// response record only ends its span with its request (truncated, the
+// status unknown). Overload loses the cheaper of the two first. Measured
+// (docs/architecture.md, "Loss"): a request record is about three times a
+// response's head, so in a full buffer a response still fits where a
+// request does not, and lost records were mostly requests. The loader sets
+// three quarters of the buffer.
+volatile const __u64 gt_shed_bytes = 6 << 20;
+
+static __always_inline int gt_ring_crowded(void)
+{
+	return bpf_ringbuf_query(&gt_events, BPF_RB_AVAIL_DATA) >= gt_shed_bytes;
+}
+
 static __always_inline void gt_submit(void *rec)
 {
 	__u64 flags = BPF_RB_NO_WAKEUP;

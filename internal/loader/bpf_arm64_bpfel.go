@@ -747,7 +747,8 @@ const (
 	bpfGtStatGT_STAT_GENAI_INCOMPLETE bpfGtStat = 55
 	bpfGtStatGT_STAT_STALE_CONN       bpfGtStat = 56
 	bpfGtStatGT_STAT_STOOD_IN         bpfGtStat = 57
-	bpfGtStatGT_STAT_MAX              bpfGtStat = 58
+	bpfGtStatGT_STAT_RESPONSE_SHED    bpfGtStat = 58
+	bpfGtStatGT_STAT_MAX              bpfGtStat = 59
 )
 
 type bpfGtSysProg uint32
@@ -1030,6 +1031,7 @@ const (
 	bpfVarGtNextConnId           = "gt_next_conn_id"
 	bpfVarGtProfSkip             = "gt_prof_skip"
 	bpfVarGtProfTime             = "gt_prof_time"
+	bpfVarGtShedBytes            = "gt_shed_bytes"
 	bpfVarGtSysPin               = "gt_sys_pin"
 	bpfVarGtTlsPin               = "gt_tls_pin"
 	bpfVarGtWakeupBytes          = "gt_wakeup_bytes"
@@ -1196,6 +1198,7 @@ type bpfVariableSpecs struct {
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtShedBytes            *ebpf.VariableSpec `ebpf:"gt_shed_bytes"`
 	GtSysPin               *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
@@ -1338,6 +1341,7 @@ type bpfVariables struct {
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtShedBytes            *ebpf.Variable `ebpf:"gt_shed_bytes"`
 	GtSysPin               *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`

@@ -123,6 +123,7 @@ const (
 	bpfboundedVarGtNextConnId           = "gt_next_conn_id"
 	bpfboundedVarGtProfSkip             = "gt_prof_skip"
 	bpfboundedVarGtProfTime             = "gt_prof_time"
+	bpfboundedVarGtShedBytes            = "gt_shed_bytes"
 	bpfboundedVarGtSysPin               = "gt_sys_pin"
 	bpfboundedVarGtTlsPin               = "gt_tls_pin"
 	bpfboundedVarGtWakeupBytes          = "gt_wakeup_bytes"
@@ -289,6 +290,7 @@ type bpfboundedVariableSpecs struct {
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtShedBytes            *ebpf.VariableSpec `ebpf:"gt_shed_bytes"`
 	GtSysPin               *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
@@ -431,6 +433,7 @@ type bpfboundedVariables struct {
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtShedBytes            *ebpf.Variable `ebpf:"gt_shed_bytes"`
 	GtSysPin               *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`

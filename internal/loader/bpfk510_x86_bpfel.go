@@ -128,6 +128,7 @@ const (
 	bpfk510VarGtNextConnId           = "gt_next_conn_id"
 	bpfk510VarGtProfSkip             = "gt_prof_skip"
 	bpfk510VarGtProfTime             = "gt_prof_time"
+	bpfk510VarGtShedBytes            = "gt_shed_bytes"
 	bpfk510VarGtSysPin               = "gt_sys_pin"
 	bpfk510VarGtTlsPin               = "gt_tls_pin"
 	bpfk510VarGtWakeupBytes          = "gt_wakeup_bytes"
@@ -299,6 +300,7 @@ type bpfk510VariableSpecs struct {
 	GtNextConnId           *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtShedBytes            *ebpf.VariableSpec `ebpf:"gt_shed_bytes"`
 	GtSysPin               *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
@@ -450,6 +452,7 @@ type bpfk510Variables struct {
 	GtNextConnId           *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip             *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime             *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtShedBytes            *ebpf.Variable `ebpf:"gt_shed_bytes"`
 	GtSysPin               *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin               *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes          *ebpf.Variable `ebpf:"gt_wakeup_bytes"`

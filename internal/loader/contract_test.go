@@ -40,7 +40,7 @@ func TestContractBits(t *testing.T) {
 	slots := map[uint32]bool{}
 	for _, st := range []uint32{StatRingbufFull, StatNotHTTP, StatParseError, StatHdrTruncated, StatConnFull, StatResync,
 		StatSkippedBytes, StatProcEvents, StatTLSCalls, StatTLSEvents, StatTLSLinked, StatUnsampled, StatScanReused,
-		StatFresh, StatRewardFound, StatRewardMissed, StatScanPreread} {
+		StatFresh, StatRewardFound, StatRewardMissed, StatScanPreread, StatStaleConn, StatStoodIn, StatResponseShed} {
 		if st < StatDiscarded+16 || st >= StatMax || slots[st] {
 			t.Errorf("counter slot %d is outside %d..%d or taken twice", st, StatDiscarded+16, StatMax-1)
 		}

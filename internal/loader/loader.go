@@ -104,6 +104,11 @@ func Load(opts Options) (*Tracer, error) {
 	if err := spec.Variables["gt_wakeup_bytes"].Set(uint64(spec.Maps["gt_events"].MaxEntries / 4)); err != nil {
 		return nil, fmt.Errorf("configuring ring-buffer wakeups: %w", err)
 	}
+	// Response records stop at three quarters pending: the last quarter is
+	// for request records, whose loss costs a span (gt_shed_bytes).
+	if err := spec.Variables["gt_shed_bytes"].Set(uint64(spec.Maps["gt_events"].MaxEntries / 4 * 3)); err != nil {
+		return nil, fmt.Errorf("configuring ring-buffer shedding: %w", err)
+	}
 	if opts.MaxConns > 0 {
 		spec.Maps["gt_conns"].MaxEntries = uint32(opts.MaxConns)
 	}

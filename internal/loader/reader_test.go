@@ -241,6 +241,91 @@ func TestLaggingReader(t *testing.T) {
 	}
 }
 
+// A filling ring buffer keeps its last quarter for request records: with
+// the reader lagging, response records stop at three quarters pending
+// (counted shed) while request records go on until the ring is full. A lost
+// request record loses its span and its calls' parent; a lost response
+// only ends its span early, so under overload the cheaper one goes first.
+func TestShedResponsesFirst(t *testing.T) {
+	ring := 4 * os.Getpagesize()
+	tr := loadSelfWith(t, allGroups, Options{RingbufBytes: ring})
+	tr.lagging = true
+	exchange := keepAliveExchange(t)
+	stat := func(slot uint32) uint64 {
+		st, err := tr.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[slot]
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var reqs, resps atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- tr.Read(ctx, func(raw []byte) {
+			if len(raw) < HTTPEventHeadSize || IsProcEvent(raw[0]) {
+				return
+			}
+			switch raw[0] {
+			case EvRequest:
+				reqs.Add(1)
+			case EvResponse:
+				resps.Add(1)
+			}
+		})
+	}()
+	const most = 100000
+	made := 0
+	// StatRingbufFull counts the shed responses too: a reservation that
+	// failed is one more than those.
+	failed := func() uint64 {
+		st, err := tr.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[StatRingbufFull] - st[StatResponseShed]
+	}
+	for ; made < most && failed() == 0; made++ {
+		if err := exchange(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if failed() == 0 {
+		t.Fatalf("no reservation failed after %d exchanges into a %d-byte ring with a lagging reader", made, ring)
+	}
+	shed := stat(StatResponseShed)
+	if shed == 0 {
+		t.Errorf("no response record shed before the ring was full: its last quarter was not kept for requests")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for tr.Pending() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := tr.Pending(); n > 0 {
+		t.Fatalf("%d bytes still pending 30 s after the traffic stopped", n)
+	}
+	// Each whole exchange is two requests and two responses (both ends are
+	// this process); the last quarter, up to the first failure, held
+	// requests alone: at least as many more requests than responses as fit
+	// there, less the two of an exchange cut at the three-quarter mark.
+	fit := (ring / 4) / (HTTPEventSize + 8)
+	if fit < 4 {
+		t.Fatalf("a quarter of %d bytes holds %d request records of %d bytes: too few to tell", ring, fit, HTTPEventSize)
+	}
+	extra := reqs.Load() - resps.Load()
+	if extra < int64(fit-2) {
+		t.Errorf("%d request and %d response records delivered (%d more requests), want at least %d more: the last quarter did not go to requests",
+			reqs.Load(), resps.Load(), extra, fit-2)
+	}
+	t.Logf("%d exchanges into %d bytes: %d request and %d response records delivered, %d responses shed, %d reservations failed",
+		made, ring, reqs.Load(), resps.Load(), shed, failed())
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+}
+
 // keepAliveExchange starts a server in the test process that answers every
 // request on a connection "200 ok", connects to it, and returns one
 // exchange on that keep-alive connection (a request written, its answer

@@ -57,8 +57,9 @@ type Sources struct {
 	// emitted to the ring buffer, and dropped by the group gate.
 	EventsEmitted   func() map[string]uint64
 	EventsDiscarded func() map[string]uint64
-	// RingbufReserveFailures counts records lost because the ring buffer was
-	// full.
+	// RingbufReserveFailures counts records lost for room in the ring
+	// buffer: reservations that failed, and response records shed while it
+	// was crowded (kept for requests; also kernel_events{response_shed}).
 	RingbufReserveFailures func() uint64
 	// RecordsRead counts ring-buffer records the agent has read.
 	RecordsRead func() uint64
@@ -246,7 +247,7 @@ var (
 	descDiscarded = prometheus.NewDesc("gymtrace_events_discarded_total",
 		"Kernel HTTP events dropped by the span-group gate before any ring-buffer reservation, per span group.", []string{"group"}, nil)
 	descRingbuf = prometheus.NewDesc("gymtrace_ringbuf_reserve_failures_total",
-		"Ring-buffer reservations that failed because the buffer was full (records lost).", nil, nil)
+		"Records lost for room in the ring buffer: reservations that failed with the buffer full, and response records not written with it three quarters full (its last quarter kept for requests; also gymtrace_kernel_events_total{reason=\"response_shed\"}).", nil, nil)
 	descRecords = prometheus.NewDesc("gymtrace_ringbuf_records_read_total",
 		"Records read from the kernel's ring buffer (HTTP messages and process events).", nil, nil)
 	descKernel = prometheus.NewDesc("gymtrace_kernel_events_total",

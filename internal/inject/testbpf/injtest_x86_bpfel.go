@@ -551,7 +551,8 @@ const (
 	injtestGtStatGT_STAT_GENAI_INCOMPLETE injtestGtStat = 55
 	injtestGtStatGT_STAT_STALE_CONN       injtestGtStat = 56
 	injtestGtStatGT_STAT_STOOD_IN         injtestGtStat = 57
-	injtestGtStatGT_STAT_MAX              injtestGtStat = 58
+	injtestGtStatGT_STAT_RESPONSE_SHED    injtestGtStat = 58
+	injtestGtStatGT_STAT_MAX              injtestGtStat = 59
 )
 
 type injtestGtTarget struct {
@@ -723,6 +724,7 @@ const (
 	injtestVarGtNextConnId          = "gt_next_conn_id"
 	injtestVarGtProfSkip            = "gt_prof_skip"
 	injtestVarGtProfTime            = "gt_prof_time"
+	injtestVarGtShedBytes           = "gt_shed_bytes"
 	injtestVarGtSysPin              = "gt_sys_pin"
 	injtestVarGtWakeupBytes         = "gt_wakeup_bytes"
 )
@@ -858,6 +860,7 @@ type injtestVariableSpecs struct {
 	GtNextConnId         *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtShedBytes          *ebpf.VariableSpec `ebpf:"gt_shed_bytes"`
 	GtSysPin             *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtWakeupBytes        *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 }
@@ -975,6 +978,7 @@ type injtestVariables struct {
 	GtNextConnId         *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip           *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime           *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtShedBytes          *ebpf.Variable `ebpf:"gt_shed_bytes"`
 	GtSysPin             *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtWakeupBytes        *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 }

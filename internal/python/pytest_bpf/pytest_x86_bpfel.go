@@ -439,6 +439,7 @@ const (
 	pytestVarGtNextConnId             = "gt_next_conn_id"
 	pytestVarGtProfSkip               = "gt_prof_skip"
 	pytestVarGtProfTime               = "gt_prof_time"
+	pytestVarGtShedBytes              = "gt_shed_bytes"
 	pytestVarGtSysPin                 = "gt_sys_pin"
 	pytestVarGtWakeupBytes            = "gt_wakeup_bytes"
 	pytestVarPytestContractPyReg      = "pytest_contract_py_reg"
@@ -537,6 +538,7 @@ type pytestVariableSpecs struct {
 	GtNextConnId             *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip               *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime               *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtShedBytes              *ebpf.VariableSpec `ebpf:"gt_shed_bytes"`
 	GtSysPin                 *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtWakeupBytes            *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
 	PytestContractPyReg      *ebpf.VariableSpec `ebpf:"pytest_contract_py_reg"`
@@ -624,6 +626,7 @@ type pytestVariables struct {
 	GtNextConnId             *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip               *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime               *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtShedBytes              *ebpf.Variable `ebpf:"gt_shed_bytes"`
 	GtSysPin                 *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtWakeupBytes            *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
 	PytestContractPyReg      *ebpf.Variable `ebpf:"pytest_contract_py_reg"`

@@ -486,7 +486,8 @@ const (
 	tlstestGtStatGT_STAT_GENAI_INCOMPLETE tlstestGtStat = 55
 	tlstestGtStatGT_STAT_STALE_CONN       tlstestGtStat = 56
 	tlstestGtStatGT_STAT_STOOD_IN         tlstestGtStat = 57
-	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 58
+	tlstestGtStatGT_STAT_RESPONSE_SHED    tlstestGtStat = 58
+	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 59
 )
 
 type tlstestGtTarget struct {
@@ -662,6 +663,7 @@ const (
 	tlstestVarGtNextConnId        = "gt_next_conn_id"
 	tlstestVarGtProfSkip          = "gt_prof_skip"
 	tlstestVarGtProfTime          = "gt_prof_time"
+	tlstestVarGtShedBytes         = "gt_shed_bytes"
 	tlstestVarGtSysPin            = "gt_sys_pin"
 	tlstestVarGtTlsPin            = "gt_tls_pin"
 	tlstestVarGtWakeupBytes       = "gt_wakeup_bytes"
@@ -782,6 +784,7 @@ type tlstestVariableSpecs struct {
 	GtNextConnId        *ebpf.VariableSpec `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.VariableSpec `ebpf:"gt_prof_skip"`
 	GtProfTime          *ebpf.VariableSpec `ebpf:"gt_prof_time"`
+	GtShedBytes         *ebpf.VariableSpec `ebpf:"gt_shed_bytes"`
 	GtSysPin            *ebpf.VariableSpec `ebpf:"gt_sys_pin"`
 	GtTlsPin            *ebpf.VariableSpec `ebpf:"gt_tls_pin"`
 	GtWakeupBytes       *ebpf.VariableSpec `ebpf:"gt_wakeup_bytes"`
@@ -882,6 +885,7 @@ type tlstestVariables struct {
 	GtNextConnId        *ebpf.Variable `ebpf:"gt_next_conn_id"`
 	GtProfSkip          *ebpf.Variable `ebpf:"gt_prof_skip"`
 	GtProfTime          *ebpf.Variable `ebpf:"gt_prof_time"`
+	GtShedBytes         *ebpf.Variable `ebpf:"gt_shed_bytes"`
 	GtSysPin            *ebpf.Variable `ebpf:"gt_sys_pin"`
 	GtTlsPin            *ebpf.Variable `ebpf:"gt_tls_pin"`
 	GtWakeupBytes       *ebpf.Variable `ebpf:"gt_wakeup_bytes"`
