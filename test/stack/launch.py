@@ -337,7 +337,11 @@ def run_collector(argv, log_dir, tag):
     return summary
 
 
-def stop_servers(servers, timeout=10.0):
+def stop_servers(servers, timeout=30.0):
+    # A bound on a failure, not a time asked of a busy machine: 30 s, as
+    # the Go tests' waits. A server still alive then is asked for its
+    # threads' stacks (SIGUSR2, faulthandler) and its tasks (SIGUSR1), and
+    # each server dumps its threads itself 8 s after its lifespan shutdown.
     codes = {}
     for s in reversed(list(servers.values())):
         for pid in (s["pid"], s.get("shell_pid")):
@@ -353,11 +357,15 @@ def stop_servers(servers, timeout=10.0):
         except subprocess.TimeoutExpired:
             # First ask it what it waits on (stacklib.dump_tasks, into its
             # log), then kill it and show that log's end.
-            try:
-                os.kill(s["pid"], signal.SIGUSR1)
-                s["proc"].wait(2)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
+            for sig in (signal.SIGUSR2, signal.SIGUSR1):
+                try:
+                    os.kill(s["pid"], sig)
+                    s["proc"].wait(2)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
             log(f"{s['kind']} (pid {s['pid']}) ignored SIGTERM for {timeout}s; killing it. Its log's end:\n"
                 f"{log_tail(s['log'], 80)}")
             for pid in (s["pid"], s.get("shell_pid")):

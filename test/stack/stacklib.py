@@ -12,6 +12,7 @@ the wire, in headers or in bodies, so a tracer cannot learn them.
 
 import argparse
 import asyncio
+import faulthandler
 import itertools
 import json
 import os
@@ -383,10 +384,22 @@ def install_lifecycle(app, cfg, truth, client, args):
     async def _shutdown():
         await client.close()
         truth.close()
+        # Past this the loop ends and closes, which takes SIGUSR1's handler
+        # with it: a server launch.py found alive 10 s after SIGTERM died of
+        # that SIGUSR1 (exit -10, ci27), so it hung after its loop, in the
+        # interpreter's exit. If this process is still here in 8 s, the
+        # stacks of all its threads go to its log (a C watchdog thread: it
+        # needs neither the loop nor the main thread).
+        faulthandler.dump_traceback_later(8, exit=False)
 
 
 def serve(app, cfg, args, client=None):
     import uvicorn
+
+    # SIGUSR2 (launch.py, before it kills a server that outlived SIGTERM):
+    # every thread's Python stack into this server's log, wherever the
+    # process is, its loop running, blocked, or gone.
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
 
     telemetry = None
     if getattr(args, "gym_telemetry", "off") != "off":
