@@ -187,7 +187,7 @@ enum gt_stat {
 	// skipped the program itself (bpf/common/understudy.h): nothing lost.
 	GT_STAT_STOOD_IN = 57,
 	// Response records not written because the ring buffer was crowded
-	// (gt_shed_bytes, bpf/common/util.h): its last quarter is kept for
+	// (gt_shed_bytes, bpf/common/util.h): its last eighth is kept for
 	// request records. Each is a record lost, counted in
 	// GT_STAT_RINGBUF_FULL as well.
 	GT_STAT_RESPONSE_SHED = 58,

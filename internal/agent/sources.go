@@ -133,8 +133,8 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		// Events of a syscall program the kernel skipped that its
 		// understudy made (bpf/common/understudy.h): nothing lost.
 		"program_stood_in": st[loader.StatStoodIn],
-		// Response records not written, the ring buffer three quarters
-		// full: its last quarter is kept for requests (a lost response
+		// Response records not written, the ring buffer seven eighths
+		// full: its last eighth is kept for requests (a lost response
 		// ends its span early; a lost request loses the span).
 		"response_shed": st[loader.StatResponseShed],
 	}

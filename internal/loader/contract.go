@@ -191,7 +191,7 @@ const (
 	StatGenAIIncomplete = uint32(bpfGtStatGT_STAT_GENAI_INCOMPLETE)
 	StatStaleConn       = uint32(bpfGtStatGT_STAT_STALE_CONN)    // entries whose fd names another socket now
 	StatStoodIn         = uint32(bpfGtStatGT_STAT_STOOD_IN)      // syscall events an understudy handled: its program was skipped
-	StatResponseShed    = uint32(bpfGtStatGT_STAT_RESPONSE_SHED) // response records not written: the buffer's last quarter is for requests
+	StatResponseShed    = uint32(bpfGtStatGT_STAT_RESPONSE_SHED) // response records not written: the buffer's last eighth is for requests
 	StatMax             = uint32(bpfGtStatGT_STAT_MAX)
 )
 

@@ -104,9 +104,9 @@ func Load(opts Options) (*Tracer, error) {
 	if err := spec.Variables["gt_wakeup_bytes"].Set(uint64(spec.Maps["gt_events"].MaxEntries / 4)); err != nil {
 		return nil, fmt.Errorf("configuring ring-buffer wakeups: %w", err)
 	}
-	// Response records stop at three quarters pending: the last quarter is
+	// Response records stop at seven eighths pending: the last eighth is
 	// for request records, whose loss costs a span (gt_shed_bytes).
-	if err := spec.Variables["gt_shed_bytes"].Set(uint64(spec.Maps["gt_events"].MaxEntries / 4 * 3)); err != nil {
+	if err := spec.Variables["gt_shed_bytes"].Set(uint64(spec.Maps["gt_events"].MaxEntries / 8 * 7)); err != nil {
 		return nil, fmt.Errorf("configuring ring-buffer shedding: %w", err)
 	}
 	if opts.MaxConns > 0 {

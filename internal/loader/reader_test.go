@@ -241,13 +241,13 @@ func TestLaggingReader(t *testing.T) {
 	}
 }
 
-// A filling ring buffer keeps its last quarter for request records: with
-// the reader lagging, response records stop at three quarters pending
+// A filling ring buffer keeps its last eighth for request records: with
+// the reader lagging, response records stop at seven eighths pending
 // (counted shed) while request records go on until the ring is full. A lost
 // request record loses its span and its calls' parent; a lost response
 // only ends its span early, so under overload the cheaper one goes first.
 func TestShedResponsesFirst(t *testing.T) {
-	ring := 4 * os.Getpagesize()
+	ring := 8 * os.Getpagesize()
 	tr := loadSelfWith(t, allGroups, Options{RingbufBytes: ring})
 	tr.lagging = true
 	exchange := keepAliveExchange(t)
@@ -296,7 +296,7 @@ func TestShedResponsesFirst(t *testing.T) {
 	}
 	shed := stat(StatResponseShed)
 	if shed == 0 {
-		t.Errorf("no response record shed before the ring was full: its last quarter was not kept for requests")
+		t.Errorf("no response record shed before the ring was full: its last eighth was not kept for requests")
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for tr.Pending() > 0 && time.Now().Before(deadline) {
@@ -306,16 +306,16 @@ func TestShedResponsesFirst(t *testing.T) {
 		t.Fatalf("%d bytes still pending 30 s after the traffic stopped", n)
 	}
 	// Each whole exchange is two requests and two responses (both ends are
-	// this process); the last quarter, up to the first failure, held
+	// this process); the last eighth, up to the first failure, held
 	// requests alone: at least as many more requests than responses as fit
-	// there, less the two of an exchange cut at the three-quarter mark.
-	fit := (ring / 4) / (HTTPEventSize + 8)
+	// there, less the two of an exchange cut at the seven-eighths mark.
+	fit := (ring / 8) / (HTTPEventSize + 8)
 	if fit < 4 {
-		t.Fatalf("a quarter of %d bytes holds %d request records of %d bytes: too few to tell", ring, fit, HTTPEventSize)
+		t.Fatalf("an eighth of %d bytes holds %d request records of %d bytes: too few to tell", ring, fit, HTTPEventSize)
 	}
 	extra := reqs.Load() - resps.Load()
 	if extra < int64(fit-2) {
-		t.Errorf("%d request and %d response records delivered (%d more requests), want at least %d more: the last quarter did not go to requests",
+		t.Errorf("%d request and %d response records delivered (%d more requests), want at least %d more: the last eighth did not go to requests",
 			reqs.Load(), resps.Load(), extra, fit-2)
 	}
 	t.Logf("%d exchanges into %d bytes: %d request and %d response records delivered, %d responses shed, %d reservations failed",

@@ -138,8 +138,9 @@ var causalityStacks = []causalityStack{
 	// connection (n = 4c), as when gymtrace runs before Gym starts; beside
 	// contention (busy loops and a syscall storm), and with a ring buffer
 	// small enough to lose records (loss asserted, 0 wrong parents, every
-	// rollout no loss touched whole; the share whole is reported: a rollout
-	// is some 34 records, so at 1 % uniform loss about 70 % can be).
+	// rollout no loss touched whole; the share whole is reported, and
+	// printed in CI: a rollout is some 34 records, so at 1 % uniform loss
+	// about 70 % can be; docs/architecture.md, "Loss", has the figures).
 	{http: "httptools", loop: "uvloop", middleware: "responses", fresh: true, cases: []causalityCase{
 		{groups: "per_rollout", c: 64, n: 256},
 		{groups: "per_rollout", c: 64, n: 256, contention: true},
@@ -523,7 +524,7 @@ func labelCounters(m map[string]float64, family, label string) string {
 
 // recordsLost is the kernel's records that never reached the reader: the
 // reservations the full ring buffer refused, and the response records shed
-// while it was three quarters full (kept for requests: gt_shed_bytes),
+// while it was seven eighths full (kept for requests: gt_shed_bytes),
 // which the same counter counts.
 func recordsLost(m map[string]float64) float64 {
 	return m["gymtrace_ringbuf_reserve_failures_total"]
