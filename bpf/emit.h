@@ -59,10 +59,6 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 	if (gt_prof_skip & 2)
 		return;
 	__u64 t0 = gt_prof_begin();
-	// Only the fixed head: a response has no path, host, traceparent or
-	// rollout, and a third of the bytes is a third of the cache lines. A
-	// reward (gt_scan_reward, in the step that ended the body, so its text
-	// is still in the scratch) adds its GT_REWARD_MAX bytes.
 	if (gt_ring_crowded()) {
 		// The rest is for request records (gt_shed_bytes): this one is
 		// lost as a failed reservation would be, and counted as one too
@@ -72,6 +68,10 @@ static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d
 		c->gap |= GT_GAP_LOST;
 		return;
 	}
+	// Only the fixed head: a response has no path, host, traceparent or
+	// rollout, and a third of the bytes is a third of the cache lines. A
+	// reward (gt_scan_reward, in the step that ended the body, so its text
+	// is still in the scratch) adds its GT_REWARD_MAX bytes.
 	struct gt_scratch *sc = (extra & GT_F_REWARD) ? gt_get_scratch() : 0;
 	if (!sc)
 		extra &= ~GT_F_REWARD;

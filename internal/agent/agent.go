@@ -69,6 +69,7 @@ type agent struct {
 	// in the injection sockhash (the kernel checks the mask itself).
 	injWanted atomic.Bool
 	spans     *spans.Pipeline
+	clock     *http.Clock // the spans' clock (startPipeline): the expiry tick reads it too
 	out       *export.Pipeline
 	gym       *gymmetrics.Recorder // Gym's metrics; nil when off (gymmetrics.go)
 
@@ -184,6 +185,7 @@ func (t *agent) startPipeline(ctx context.Context, term io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("reading the clocks: %w", err)
 	}
+	t.clock = clock
 	// Every span's wall-clock times share this error (durations do not).
 	log.Info("span wall-clock times from the kernel's monotonic clock", "offset_within", clock.Uncertainty())
 	b, err := spans.NewBuilder(spans.Options{
@@ -334,16 +336,12 @@ func (t *agent) reload(nc *config.Config) error {
 func (t *agent) expireLoop(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	clock, err := http.NewClock()
-	if err != nil {
-		return
-	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			t.submit(t.spans.Expire(clock.NowMono()))
+			t.submit(t.spans.Expire(t.clock.NowMono()))
 			if t.gym != nil {
 				t.gym.Tick(now)
 			}

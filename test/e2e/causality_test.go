@@ -302,7 +302,7 @@ func runCausalityCase(t *testing.T, st *stack, mk func() *stack, truthPath strin
 		c.name(), sum.OK, sc.Outbound, sc.Correct, sc.Wrong, sc.Unattributed, sc.ReasonsString(), pct(sc.Accuracy()), pct(sc.Coverage()),
 		sc.SandboxSpans, sc.Spawns, sc.SpawnCorrect, sc.SpawnWrong, sc.SpawnUnattributed, sc.SandboxAmbiguous, sc.ServerSpans, sc.Inbound, sc.ClientSpans, sc.Outbound, sc.StraySpans, sc.RolloutsOneTrace, sc.Rollouts, sc.Traces, sc.SharedTraces,
 		sc.RolloutsNoRun, sc.RolloutIDSpans, sc.RolloutIDWrong, sc.GymRolloutSpans,
-		labelCounters(m, "gymtrace_parent_unresolved_total", "reason"), recordsLost(m), elapsed.Seconds())
+		labelCounters(m, "gymtrace_parent_unresolved_total", "reason"), m["gymtrace_ringbuf_reserve_failures_total"], elapsed.Seconds())
 	if len(sc.Examples) > 0 {
 		t.Logf("first findings:\n  %s", strings.Join(sc.Examples, "\n  "))
 	}
@@ -338,7 +338,9 @@ func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[stri
 	if sc.Outbound == 0 || sc.Inbound == 0 {
 		t.Fatalf("the truth has %d outbound and %d inbound records of the traced servers: nothing to score", sc.Outbound, sc.Inbound)
 	}
-	lost := recordsLost(m)
+	// Every record the kernel lost for room: reservations the full ring
+	// refused and responses shed while it was crowded (gt_shed_bytes).
+	lost := m["gymtrace_ringbuf_reserve_failures_total"]
 	if c.ringbuf == "" && lost != 0 {
 		t.Errorf("%v records lost in the kernel (ring buffer full or crowded): the score is not about causality", lost)
 	}
@@ -520,14 +522,6 @@ func labelCounters(m map[string]float64, family, label string) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, " ")
-}
-
-// recordsLost is the kernel's records that never reached the reader: the
-// reservations the full ring buffer refused, and the response records shed
-// while it was seven eighths full (kept for requests: gt_shed_bytes),
-// which the same counter counts.
-func recordsLost(m map[string]float64) float64 {
-	return m["gymtrace_ringbuf_reserve_failures_total"]
 }
 
 // figure logs a measured figure and, where GYMTRACE_E2E_FIGURES names a

@@ -409,7 +409,7 @@ func kmInjectState(m map[string]float64) string {
 func kmSkipped(m map[string]float64) string {
 	return fmt.Sprintf("so far: program_skipped %.0f, parse_error %.0f, records lost in the kernel %.0f",
 		m[`gymtrace_kernel_events_total{reason="program_skipped"}`], m[`gymtrace_kernel_events_total{reason="parse_error"}`],
-		recordsLost(m))
+		m["gymtrace_ringbuf_reserve_failures_total"])
 }
 
 // kmBefore: release (6.1.0-57-amd64) is older than major.minor.
