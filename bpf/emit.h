@@ -35,7 +35,18 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
+		// Kept whole in req, to be written at the response's first bytes
+		// (gt_emit_late_request) if the buffer has room by then.
+		c->req.flags |= gt_tls_ev_flag(c);
+		c->req.gap = c->gap | GT_GAP_LATE;
+		c->req.end_ns = io->now;
+		c->req.body_len = d->body_len;
+		c->req_late = 1;
 		c->gap |= GT_GAP_LOST;
+		if (c->side == GT_SIDE_SERVER && !c->tls) {
+			struct gt_conn_key k = {.tgid = io->tgid, .fd = io->fd};
+			bpf_map_update_elem(&gt_late_conns, &c->conn_id, &k, BPF_ANY);
+		}
 		return;
 	}
 	__builtin_memcpy(e, &c->req, sizeof(*e));
@@ -52,6 +63,49 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	gt_submit(e);
 	c->emitted_ring |= 1ULL << (c->req.seq & 63);
 	gt_prof_end(GT_PROF_EMIT, t0);
+}
+
+// A request whose record found no room when it ended (c->req_late): the
+// record, kept whole in req, gets another try at its handler's first calls
+// (gt_late_for_call) and at its response's first bytes (gt_start_response).
+// A lost request record loses its span and the parent of every call its
+// handler made; written before the calls' records, it loses nothing; after
+// some, only their parents (userspace leaves them unparented, never under
+// another request). A handler that makes no calls (a model's, a resources
+// server's) keeps everything, and so does a client: a call's record carries
+// its cause. Its times and its data are the request's own; its gap says it
+// is late (GT_GAP_LATE). Reports whether it was written.
+static __always_inline int gt_emit_late_request(struct gt_conn *c)
+{
+	c->req_late = 0;
+	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
+	if (!e)
+		return 0; // counted already, when the request ended
+	__builtin_memcpy(e, &c->req, sizeof(*e));
+	gt_submit(e);
+	c->emitted_ring |= 1ULL << (c->req.seq & 63);
+	gt_stat_add(GT_STAT_REQUEST_LATE, 1);
+	if (c->side == GT_SIDE_SERVER)
+		bpf_map_delete_elem(&gt_late_conns, &c->conn_id);
+	return 1;
+}
+
+// A call's request starts (its first bytes; gt_start_request): if the
+// request that caused it, (conn_id, seq) as the kernel bound it, found no
+// room for its record when it ended, write that record now, before the
+// call's own, so the call has its parent when its record is read. Scalar
+// arguments: verified once, on every kernel (5.10's global functions take
+// no pointers).
+__noinline int gt_late_for_call(__u64 conn_id, __u64 seq)
+{
+	struct gt_conn_key *k = bpf_map_lookup_elem(&gt_late_conns, &conn_id);
+	if (!k)
+		return 0;
+	struct gt_conn_key key = *k;
+	struct gt_conn *pc = bpf_map_lookup_elem(&gt_conns, &key);
+	if (!pc || pc->conn_id != conn_id || !pc->req_late || pc->req.seq != seq)
+		return 0;
+	return gt_emit_late_request(pc);
 }
 
 static __always_inline void gt_emit_response(struct gt_conn *c, struct gt_dir *d, struct gt_io *io, __u16 extra)

@@ -37,6 +37,7 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	__u64 idx = c->req_seq++;
 	__u64 bit = 1ULL << (idx & 63);
 	c->resp_given_up = 0;
+	c->req_late = 0;
 	c->skip_ring &= ~bit;
 	c->emitted_ring &= ~bit;
 	c->reward_ring &= ~bit;
@@ -78,6 +79,9 @@ static __always_inline int gt_start_request(struct gt_conn *c, struct gt_dir *d,
 	c->msg_ubuf = ubuf;
 	if (!(gt_prof_skip & 4))
 		gt_py_note(c, io);
+	// A call whose cause's record is still waiting to be written late.
+	if (c->side == GT_SIDE_CLIENT && ev->cause_conn)
+		gt_late_for_call(ev->cause_conn, ev->cause_seq);
 	__u64 t0 = gt_prof_begin();
 
 	// The path is needed before the gate can decide (routes pick gym.* groups);
@@ -159,6 +163,11 @@ static __always_inline int gt_start_response(struct gt_conn *c, struct gt_dir *d
 	}
 	__u64 idx = c->resp_seq++;
 	__u64 bit = 1ULL << (idx & 63);
+	// Its request's record found no room when it ended: one more try, now,
+	// before the response's (req still holds it unless a pipelined next
+	// request has begun).
+	if (c->req_late && c->req.seq == idx && idx < c->req_seq && !(c->skip_ring & bit))
+		gt_emit_late_request(c);
 	if (idx >= c->req_seq || (c->skip_ring & bit) || !(c->emitted_ring & bit)) {
 		// Gated off, or its request was never seen: attached mid-exchange,
 		// or its start went unseen. Then this side has counted one request

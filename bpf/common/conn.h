@@ -101,7 +101,10 @@ struct gt_conn {
 	// response direction (gt_pos_check): a response with no request seen is
 	// one of those, not a sign of an unseen request. Until the next request.
 	__u8 resp_given_up;
-	__u8 _pad3;
+	// The buffer had no room for req's record when the request ended: req
+	// holds it, ready to write late (gt_emit_late_request). Until the next
+	// request starts.
+	__u8 req_late;
 	// The connection's struct sock, read at its first syscall (gt_conn_get):
 	// its stream positions date each request start (gt_stream_seq). Only
 	// ever dereferenced through probe reads; the entry is deleted at close.

@@ -48,6 +48,18 @@ struct {
 	__uint(max_entries, 8 << 20);
 } gt_events SEC(".maps");
 
+// Server connections whose request record found no room in gt_events when
+// the request ended (c->req_late), by conn_id: where that request's handler
+// finds it again at its first call (gt_late_for_call, bpf/emit.h), to write
+// the record before the call's. LRU: an entry whose request was written at
+// its response, or whose connection closed, is left for eviction.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, struct gt_conn_key);
+} gt_late_conns SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, GT_STAT_MAX);

@@ -206,6 +206,10 @@ func (a *Assembler) request(ev *loader.HTTPEvent, h Handler) {
 	}
 	x.HasStreamSeq = ev.StreamOk != 0
 	x.Gap, x.Lost = ev.Gap&loader.GapFraming != 0, ev.Gap&loader.GapLost != 0
+	// A late record was itself lost for room once: whatever depended on its
+	// coming first (the parents of its handler's earlier calls) is missing.
+	x.Late = ev.Gap&loader.GapLate != 0
+	x.Lost = x.Lost || x.Late
 	x.Local, x.Remote = Tuple(ev)
 	if ev.Flags&loader.FlagKernelTrace != 0 && ev.Flags&loader.FlagTraceparent == 0 && ev.Side == loader.SideServer {
 		copy(x.KernelTrace[:], ev.Traceparent[:16])

@@ -348,3 +348,52 @@ func TestAssemblerLostResponseEndsAtNextRequest(t *testing.T) {
 		t.Errorf("stats %+v, want 1 response lost", s)
 	}
 }
+
+// A request record written late, at its response (loader.GapLate: the ring
+// buffer had no room when the request ended), pairs with its response as
+// any other, keeps its own times, and says it came late and that a record
+// of its connection was lost (what it caused before it came is unparented).
+// A late record behind a later request of its connection (pipelined: the
+// next one's record came first) is a repeat of nothing and is dropped;
+// its response pairs with nothing and shifts nothing.
+func TestAssemblerLateRequest(t *testing.T) {
+	a, r := NewAssembler(AssemblerOptions{}), &recorder{}
+	a.Add(reqEv(1, 0, "/a", 10), r)
+	a.Add(respEv(1, 0, 200, 20, 0), r)
+	late := reqEv(1, 1, "/b", 30) // ended at 31, written at 50
+	late.Gap = loader.GapLate
+	a.Add(late, r)
+	a.Add(respEv(1, 1, 201, 50, 0), r)
+	if len(r.done) != 2 {
+		t.Fatalf("done %d, want 2", len(r.done))
+	}
+	x := r.done[1]
+	if x.Path != "/b" || x.Status != 201 || x.ReqStart != 30 || x.ReqEnd != 31 || x.RespStart != 50 {
+		t.Errorf("late exchange %s %d req %d-%d resp %d, want /b 201 req 30-31 resp 50", x.Path, x.Status, x.ReqStart, x.ReqEnd, x.RespStart)
+	}
+	if !x.Late || !x.Lost || x.Gap {
+		t.Errorf("late exchange: Late %v Lost %v Gap %v, want late and lost, framing kept", x.Late, x.Lost, x.Gap)
+	}
+	if r.done[0].Late {
+		t.Errorf("the exchange before it says it was late")
+	}
+
+	a.Add(reqEv(2, 0, "/x", 10), r)
+	a.Add(reqEv(2, 2, "/z", 40), r) // request 1's record lost, then 2's came
+	lateY := reqEv(2, 1, "/y", 20)
+	lateY.Gap = loader.GapLate
+	a.Add(lateY, r)
+	a.Add(respEv(2, 0, 200, 45, 0), r)
+	a.Add(respEv(2, 1, 500, 50, 0), r)
+	a.Add(respEv(2, 2, 202, 60, 0), r)
+	got := map[string]int{}
+	for _, x := range r.done[2:] {
+		got[x.Path] = x.Status
+	}
+	if got["/x"] != 200 || got["/z"] != 202 || len(got) != 2 {
+		t.Errorf("pairs = %v, want /x 200, /z 202", got)
+	}
+	if s := a.Stats(); s.OutOfOrder != 1 || s.OrphanResponses != 1 {
+		t.Errorf("out of order %d, orphan responses %d; want 1 and 1", s.OutOfOrder, s.OrphanResponses)
+	}
+}

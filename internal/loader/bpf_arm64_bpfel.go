@@ -114,7 +114,7 @@ type bpfGtConn struct {
 	Gap         uint8
 	PosOk       uint8
 	RespGivenUp uint8
-	Pad3        uint8
+	ReqLate     uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -220,6 +220,7 @@ type bpfGtGap uint32
 const (
 	bpfGtGapGT_GAP_FRAMING bpfGtGap = 1
 	bpfGtGapGT_GAP_LOST    bpfGtGap = 2
+	bpfGtGapGT_GAP_LATE    bpfGtGap = 4
 )
 
 type bpfGtGenai struct {
@@ -748,7 +749,8 @@ const (
 	bpfGtStatGT_STAT_STALE_CONN       bpfGtStat = 56
 	bpfGtStatGT_STAT_STOOD_IN         bpfGtStat = 57
 	bpfGtStatGT_STAT_RESPONSE_SHED    bpfGtStat = 58
-	bpfGtStatGT_STAT_MAX              bpfGtStat = 59
+	bpfGtStatGT_STAT_REQUEST_LATE     bpfGtStat = 59
+	bpfGtStatGT_STAT_MAX              bpfGtStat = 60
 )
 
 type bpfGtSysProg uint32
@@ -940,6 +942,7 @@ const (
 	bpfMapGtInjectSocks          = "gt_inject_socks"
 	bpfMapGtInjectStats          = "gt_inject_stats"
 	bpfMapGtIos                  = "gt_ios"
+	bpfMapGtLateConns            = "gt_late_conns"
 	bpfMapGtProf                 = "gt_prof"
 	bpfMapGtPyLinks              = "gt_py_links"
 	bpfMapGtPyProcs              = "gt_py_procs"
@@ -1141,6 +1144,7 @@ type bpfMapSpecs struct {
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
+	GtLateConns     *ebpf.MapSpec `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -1240,6 +1244,7 @@ type bpfMaps struct {
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.Map `ebpf:"gt_ios"`
+	GtLateConns     *ebpf.Map `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -1283,6 +1288,7 @@ func (m *bpfMaps) Close() error {
 		m.GtInjectSocks,
 		m.GtInjectStats,
 		m.GtIos,
+		m.GtLateConns,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

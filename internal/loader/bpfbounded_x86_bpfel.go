@@ -32,6 +32,7 @@ const (
 	bpfboundedMapGtInjectSocks          = "gt_inject_socks"
 	bpfboundedMapGtInjectStats          = "gt_inject_stats"
 	bpfboundedMapGtIos                  = "gt_ios"
+	bpfboundedMapGtLateConns            = "gt_late_conns"
 	bpfboundedMapGtProf                 = "gt_prof"
 	bpfboundedMapGtPyLinks              = "gt_py_links"
 	bpfboundedMapGtPyProcs              = "gt_py_procs"
@@ -233,6 +234,7 @@ type bpfboundedMapSpecs struct {
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
+	GtLateConns     *ebpf.MapSpec `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -332,6 +334,7 @@ type bpfboundedMaps struct {
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.Map `ebpf:"gt_ios"`
+	GtLateConns     *ebpf.Map `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -375,6 +378,7 @@ func (m *bpfboundedMaps) Close() error {
 		m.GtInjectSocks,
 		m.GtInjectStats,
 		m.GtIos,
+		m.GtLateConns,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

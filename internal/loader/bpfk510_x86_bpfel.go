@@ -36,6 +36,7 @@ const (
 	bpfk510MapGtK510Hdr              = "gt_k510_hdr"
 	bpfk510MapGtK510Regs             = "gt_k510_regs"
 	bpfk510MapGtK510Win              = "gt_k510_win"
+	bpfk510MapGtLateConns            = "gt_late_conns"
 	bpfk510MapGtProf                 = "gt_prof"
 	bpfk510MapGtPyLinks              = "gt_py_links"
 	bpfk510MapGtPyProcs              = "gt_py_procs"
@@ -242,6 +243,7 @@ type bpfk510MapSpecs struct {
 	GtK510Hdr       *ebpf.MapSpec `ebpf:"gt_k510_hdr"`
 	GtK510Regs      *ebpf.MapSpec `ebpf:"gt_k510_regs"`
 	GtK510Win       *ebpf.MapSpec `ebpf:"gt_k510_win"`
+	GtLateConns     *ebpf.MapSpec `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -346,6 +348,7 @@ type bpfk510Maps struct {
 	GtK510Hdr       *ebpf.Map `ebpf:"gt_k510_hdr"`
 	GtK510Regs      *ebpf.Map `ebpf:"gt_k510_regs"`
 	GtK510Win       *ebpf.Map `ebpf:"gt_k510_win"`
+	GtLateConns     *ebpf.Map `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -393,6 +396,7 @@ func (m *bpfk510Maps) Close() error {
 		m.GtK510Hdr,
 		m.GtK510Regs,
 		m.GtK510Win,
+		m.GtLateConns,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

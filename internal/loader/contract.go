@@ -157,6 +157,10 @@ const (
 	// GapLost: a record of the connection was lost since the previous
 	// request record (ring buffer full).
 	GapLost = uint8(bpfGtGapGT_GAP_LOST)
+	// GapLate: this request's record is late: the ring buffer had no room
+	// when the request ended, and it was written at its response's first
+	// bytes. Records of calls its handler made meanwhile came before it.
+	GapLate = uint8(bpfGtGapGT_GAP_LATE)
 )
 
 // Statistics slots in the per-CPU gt_stats array.
@@ -192,6 +196,7 @@ const (
 	StatStaleConn       = uint32(bpfGtStatGT_STAT_STALE_CONN)    // entries whose fd names another socket now
 	StatStoodIn         = uint32(bpfGtStatGT_STAT_STOOD_IN)      // syscall events an understudy handled: its program was skipped
 	StatResponseShed    = uint32(bpfGtStatGT_STAT_RESPONSE_SHED) // response records not written: the buffer's last eighth is for requests
+	StatRequestLate     = uint32(bpfGtStatGT_STAT_REQUEST_LATE)  // request records written late, at their response, after a failed reservation
 	StatMax             = uint32(bpfGtStatGT_STAT_MAX)
 )
 

@@ -3,8 +3,11 @@
 package spans
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gymtrace/gymtrace/internal/loader"
 )
@@ -237,5 +240,83 @@ func TestCauseAfterCallIsNoParent(t *testing.T) {
 	mustAttr(t, clients[1], "gymtrace.parent.unresolved", "cause_after_call")
 	if st := s.b.Stats(); st.ParentImpossible != 1 || st.ParentByContext != 1 {
 		t.Errorf("ParentImpossible = %d, ParentByContext = %d, want 1 and 1", st.ParentImpossible, st.ParentByContext)
+	}
+}
+
+// The agent's /run request record came late, at its response (the ring
+// buffer had no room when the request ended; loader.GapLate): the call its
+// handler made meanwhile came first and named a request not seen yet, so it
+// gets no parent, never another request's; the /run SERVER span itself is
+// kept, joined to the collector's call, with the rollout's span under it,
+// and says it came late.
+func TestLateServerRecord(t *testing.T) {
+	s := newSim(t, "default")
+	s.traced[pidCollector] = true
+	g := newGymStack(s, false)
+	s.srvLate = true
+	run := g.collAgent[0].request(loader.MethodPOST, "/run", withRollout(1, 0, -1))
+	s.srvLate = false
+	other := g.collAgent[1].request(loader.MethodPOST, "/run", withRollout(1, 1, -1))
+	bound := func(conn uint64) reqOpt {
+		return func(ev *loader.HTTPEvent) { ev.PyCtx, ev.CauseConn, ev.CauseSeq = 0x1001, conn, 0 }
+	}
+	g.agentRes[0].request(loader.MethodPOST, "/seed_session", bound(g.collAgent[0].srvConn)).respond(200)
+	g.agentRes[1].request(loader.MethodPOST, "/seed_session", bound(g.collAgent[1].srvConn)).respond(200)
+	run.respond(200)
+	other.respond(200)
+	s.spans = append(s.spans, s.p.Flush()...) // the /run spans wait for the collector's records
+
+	runs := findSpans(s.spans, "POST /run")
+	if len(runs) != 2 {
+		t.Fatalf("%d POST /run server spans, want 2 (the late one kept)", len(runs))
+	}
+	var late, onTime Span
+	for _, sp := range runs {
+		if v, _ := attr(sp, "gymtrace.record.late"); v.AsString() == "request" {
+			late = sp
+		} else {
+			onTime = sp
+		}
+	}
+	if !late.Parent.IsValid() || !onTime.Parent.IsValid() {
+		t.Fatalf("late /run parent %v, on time %v: both want the collector's CLIENT span", late.Parent, onTime.Parent)
+	}
+	mustAttr(t, late, "gymtrace.connection.gap", true)
+	calls := findSpans(s.spans, "HTTP POST")
+	var seeds []Span
+	for _, c := range calls {
+		if v, _ := attr(c, "url.full"); strings.HasSuffix(v.AsString(), "/seed_session") {
+			seeds = append(seeds, c)
+		}
+	}
+	if len(seeds) != 2 {
+		t.Fatalf("%d /seed_session CLIENT spans, want 2", len(seeds))
+	}
+	// Nothing under the late /run, nor under its gym.rollout.
+	underLate := map[trace.SpanID]bool{late.SpanID: true}
+	for _, sp := range findSpans(s.spans, "gym.rollout") {
+		if sp.Parent == late.SpanID {
+			underLate[sp.SpanID] = true
+		}
+	}
+	for _, c := range seeds {
+		switch {
+		case underLate[c.Parent]:
+			t.Errorf("a call made before its request's late record came is under it")
+		case !c.Parent.IsValid():
+			mustAttr(t, c, "gymtrace.parent.unresolved", "request_not_traced")
+		}
+	}
+	n := 0
+	for _, c := range seeds {
+		if c.Parent.IsValid() {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d of the two calls parented, want 1 (the on-time request's)", n)
+	}
+	if len(findSpans(s.spans, "gym.rollout")) != 2 {
+		t.Errorf("%d gym.rollout spans, want 2 (the late /run's too)", len(findSpans(s.spans, "gym.rollout")))
 	}
 }

@@ -260,6 +260,11 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		// be missing here.
 		attrs = append(attrs, attribute.Bool("gymtrace.connection.gap", true))
 	}
+	if x.Late {
+		// Its request's record came at its response, after the records
+		// of the calls its handler made before (left unparented).
+		attrs = append(attrs, attribute.String("gymtrace.record.late", "request"))
+	}
 	if debugRecords {
 		attrs = appendDebug(attrs, x)
 	}

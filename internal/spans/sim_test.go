@@ -37,6 +37,9 @@ type sim struct {
 	// cliLast: the client's REQUEST record comes after the server's whole
 	// exchange (its program took its timestamp first, reserved last).
 	cliLast bool
+	// srvLate: the server's REQUEST record comes late, just before its
+	// RESPONSE (loader.GapLate: the ring had no room when it ended).
+	srvLate bool
 	// midStream: connections picked up mid-stream (no loader.FlagFresh), so
 	// without stream positions (withStream) nothing proves a join.
 	midStream bool
@@ -108,6 +111,7 @@ type call struct {
 	cliGroup groups.Mask
 	srvGroup groups.Mask
 	heldCli  *loader.HTTPEvent // cliLast: the client's REQUEST, fed after the server's RESPONSE
+	heldSrv  *loader.HTTPEvent // srvLate: the server's REQUEST, fed just before its RESPONSE
 	seq      uint64            // the request's index on its connection (both ends' kernels count alike)
 }
 
@@ -216,6 +220,10 @@ func (c *simConn) request(method uint8, path string, opts ...reqOpt) *call {
 	if s.cliLast && cli != nil && srv != nil {
 		k.heldCli, cli = cli, nil
 	}
+	if s.srvLate && srv != nil {
+		srv.Gap |= loader.GapLate
+		k.heldSrv, srv = srv, nil
+	}
 	for _, ev := range []*loader.HTTPEvent{cli, srv} {
 		if ev != nil {
 			s.feed(ev)
@@ -229,6 +237,10 @@ func (k *call) respond(status uint16) { k.respondFlags(status, 0, 0) }
 
 func (k *call) respondFlags(status uint16, srvFlags, cliFlags uint16) {
 	c, s := k.c, k.c.s
+	if k.heldSrv != nil {
+		s.feed(k.heldSrv)
+		k.heldSrv = nil
+	}
 	if s.traced[c.srvPID] {
 		ev := s.event(loader.EvResponse, loader.SideServer, c.srvPID, c.srvConn, c.srv, c.cli)
 		ev.Status, ev.Groups, ev.Flags, ev.Seq = status, uint64(k.srvGroup), srvFlags, k.seq

@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,6 +68,21 @@ const (
 	lossyRingLarge = "4KiB"
 	lossyRing64    = "16KiB"
 )
+
+// lossyWhole pools the lossy cases' rollouts of one TestCausality run: how
+// many, and how many whole (its cleanup asserts the share).
+var lossyWhole tally
+
+type tally struct {
+	mu       sync.Mutex
+	whole, n int
+}
+
+func (t *tally) reset() { t.mu.Lock(); t.whole, t.n = 0, 0; t.mu.Unlock() }
+
+func (t *tally) add(whole, n int) { t.mu.Lock(); t.whole += whole; t.n += n; t.mu.Unlock() }
+
+func (t *tally) get() (whole, n int) { t.mu.Lock(); defer t.mu.Unlock(); return t.whole, t.n }
 
 type causalityCase struct {
 	groups     string // --span-groups
@@ -161,7 +177,20 @@ func TestCausality(t *testing.T) {
 	needStack(t)
 	short := testing.Short() || os.Getenv("GYMTRACE_CAUSALITY_SHORT") != ""
 	var rows []causalityRow
+	lossyWhole.reset()
 	t.Cleanup(func() {
+		// Issue 37: at least 80 % of rollouts whole under loss. Over every
+		// lossy case of the run together: one case's 64 rollouts move by
+		// several points between runs (one burst of loss can take the
+		// requests of a few rollouts at once), the pool of a CI run's
+		// ~2,300 does not.
+		if whole, n := lossyWhole.get(); n > 0 {
+			figure(t, "lossy cases together: %d of %d rollouts whole (%.1f %%)", whole, n, 100*float64(whole)/float64(n))
+			if 5*whole < 4*n {
+				t.Errorf("with records lost: %d of %d rollouts whole over the lossy cases (%.1f %%), want at least 80 %%",
+					whole, n, 100*float64(whole)/float64(n))
+			}
+		}
 		if len(rows) > 0 {
 			t.Logf("causality figures (parent accuracy = correct / attributed, coverage = attributed / outbound calls):\n%s",
 				causalityTable(rows))
@@ -338,18 +367,23 @@ func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[stri
 	if sc.Outbound == 0 || sc.Inbound == 0 {
 		t.Fatalf("the truth has %d outbound and %d inbound records of the traced servers: nothing to score", sc.Outbound, sc.Inbound)
 	}
-	// Every record the kernel lost for room: reservations the full ring
-	// refused and responses shed while it was crowded (gt_shed_bytes).
-	lost := m["gymtrace_ringbuf_reserve_failures_total"]
-	if c.ringbuf == "" && lost != 0 {
-		t.Errorf("%v records lost in the kernel (ring buffer full or crowded): the score is not about causality", lost)
+	// Every record the kernel could not write for room: reservations the
+	// full ring refused and responses shed while it was crowded
+	// (gt_shed_bytes).
+	failed := m["gymtrace_ringbuf_reserve_failures_total"]
+	if c.ringbuf == "" && failed != 0 {
+		t.Errorf("%v records lost in the kernel (ring buffer full or crowded): the score is not about causality", failed)
 	}
+	// Lost for good: less the request records written late, at their
+	// response (they arrived: bpf/emit.h gt_emit_late_request).
+	late := m[`gymtrace_kernel_events_total{reason="request_late"}`]
+	lost := failed - late
 	if c.ringbuf != "" {
 		// Loss as a test condition: records must have been lost, and no
 		// loss may make a wrong parent or split a rollout it did not touch.
 		records := m["gymtrace_ringbuf_records_read_total"] + lost
-		figure(t, "ring buffer %s: %v of %v records lost (%.1f %%, %v of them responses shed); %d rollouts touched by a loss, %d whole of %d (%d more with every request a span, in several traces)",
-			c.ringbuf, lost, records, 100*lost/max(records, 1), m[`gymtrace_kernel_events_total{reason="response_shed"}`],
+		figure(t, "ring buffer %s: %v of %v records lost (%.1f %%, %v of them responses shed; %v more request records late); %d rollouts touched by a loss, %d whole of %d (%d more with every request a span, in several traces)",
+			c.ringbuf, lost, records, 100*lost/max(records, 1), m[`gymtrace_kernel_events_total{reason="response_shed"}`], late,
 			sc.RolloutsTouched, sc.RolloutsWhole, sc.Rollouts, sc.RolloutsSpannedSplit)
 		if lost == 0 {
 			t.Errorf("a ring buffer of %s lost no record: the case tests nothing", c.ringbuf)
@@ -361,6 +395,7 @@ func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[stri
 		if sc.RolloutsUntouchedSplit != 0 {
 			t.Errorf("%d of %d rollouts untouched by a loss are not whole in one trace: want none", sc.RolloutsUntouchedSplit, sc.Rollouts-sc.RolloutsTouched)
 		}
+		lossyWhole.add(sc.RolloutsWhole, sc.Rollouts)
 		return
 	}
 

@@ -236,13 +236,31 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 // metrics scrapes /metrics: "name{labels}" -> value.
 func (g *gymtrace) metrics(t testing.TB) map[string]float64 {
 	t.Helper()
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + g.metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatalf("scraping gymtrace's metrics: %v", err)
-	}
+	resp := scrapeGet(t, g.metricsAddr)
 	defer resp.Body.Close()
 	return parseMetrics(resp.Body)
+}
+
+// scrapeTimeout bounds one scrape of gymtrace's /metrics: a bound on a
+// failure (an endpoint that never answers), not a speed asserted. On a
+// machine as loaded as the busy causality cases beside the kernel matrix's
+// guests, a scrape took over 5 s (ci28); how long it took is logged when
+// over a second.
+const scrapeTimeout = 60 * time.Second
+
+// scrapeGet GETs gymtrace's /metrics at addr.
+func scrapeGet(t testing.TB, addr string) *http.Response {
+	t.Helper()
+	c := &http.Client{Timeout: scrapeTimeout}
+	t0 := time.Now()
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping gymtrace's metrics: %v (after %v)", err, time.Since(t0).Round(time.Millisecond))
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Logf("scraping gymtrace's metrics took %v", d.Round(time.Millisecond))
+	}
+	return resp
 }
 
 // parseMetrics reads a Prometheus text scrape: series (name{labels}) -> value.

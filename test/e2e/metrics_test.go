@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -28,11 +27,7 @@ import (
 // promScrape parses gymtrace's /metrics with expfmt.
 func promScrape(t testing.TB, addr string) map[string]*dto.MetricFamily {
 	t.Helper()
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scraping gymtrace's metrics: %v", err)
-	}
+	resp := scrapeGet(t, addr)
 	defer resp.Body.Close()
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(resp.Body)

@@ -80,7 +80,7 @@ type injtestGtConn struct {
 	Gap         uint8
 	PosOk       uint8
 	RespGivenUp uint8
-	Pad3        uint8
+	ReqLate     uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -552,7 +552,8 @@ const (
 	injtestGtStatGT_STAT_STALE_CONN       injtestGtStat = 56
 	injtestGtStatGT_STAT_STOOD_IN         injtestGtStat = 57
 	injtestGtStatGT_STAT_RESPONSE_SHED    injtestGtStat = 58
-	injtestGtStatGT_STAT_MAX              injtestGtStat = 59
+	injtestGtStatGT_STAT_REQUEST_LATE     injtestGtStat = 59
+	injtestGtStatGT_STAT_MAX              injtestGtStat = 60
 )
 
 type injtestGtTarget struct {
@@ -662,6 +663,7 @@ const (
 	injtestMapGtInjectSocks         = "gt_inject_socks"
 	injtestMapGtInjectStats         = "gt_inject_stats"
 	injtestMapGtIos                 = "gt_ios"
+	injtestMapGtLateConns           = "gt_late_conns"
 	injtestMapGtProf                = "gt_prof"
 	injtestMapGtPyLinks             = "gt_py_links"
 	injtestMapGtPyProcs             = "gt_py_procs"
@@ -822,6 +824,7 @@ type injtestMapSpecs struct {
 	GtInjectSocks   *ebpf.MapSpec `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.MapSpec `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.MapSpec `ebpf:"gt_ios"`
+	GtLateConns     *ebpf.MapSpec `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -900,6 +903,7 @@ type injtestMaps struct {
 	GtInjectSocks   *ebpf.Map `ebpf:"gt_inject_socks"`
 	GtInjectStats   *ebpf.Map `ebpf:"gt_inject_stats"`
 	GtIos           *ebpf.Map `ebpf:"gt_ios"`
+	GtLateConns     *ebpf.Map `ebpf:"gt_late_conns"`
 	GtProf          *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks       *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs       *ebpf.Map `ebpf:"gt_py_procs"`
@@ -939,6 +943,7 @@ func (m *injtestMaps) Close() error {
 		m.GtInjectSocks,
 		m.GtInjectStats,
 		m.GtIos,
+		m.GtLateConns,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

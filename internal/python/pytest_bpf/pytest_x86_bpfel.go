@@ -80,7 +80,7 @@ type pytestGtConn struct {
 	Gap         uint8
 	PosOk       uint8
 	RespGivenUp uint8
-	Pad3        uint8
+	ReqLate     uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -410,6 +410,7 @@ const (
 	pytestMapGtConfig                 = "gt_config"
 	pytestMapGtConns                  = "gt_conns"
 	pytestMapGtEvents                 = "gt_events"
+	pytestMapGtLateConns              = "gt_late_conns"
 	pytestMapGtProf                   = "gt_prof"
 	pytestMapGtPyLinks                = "gt_py_links"
 	pytestMapGtPyProcs                = "gt_py_procs"
@@ -511,6 +512,7 @@ type pytestMapSpecs struct {
 	GtConfig       *ebpf.MapSpec `ebpf:"gt_config"`
 	GtConns        *ebpf.MapSpec `ebpf:"gt_conns"`
 	GtEvents       *ebpf.MapSpec `ebpf:"gt_events"`
+	GtLateConns    *ebpf.MapSpec `ebpf:"gt_late_conns"`
 	GtProf         *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks      *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs      *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -574,6 +576,7 @@ type pytestMaps struct {
 	GtConfig       *ebpf.Map `ebpf:"gt_config"`
 	GtConns        *ebpf.Map `ebpf:"gt_conns"`
 	GtEvents       *ebpf.Map `ebpf:"gt_events"`
+	GtLateConns    *ebpf.Map `ebpf:"gt_late_conns"`
 	GtProf         *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks      *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs      *ebpf.Map `ebpf:"gt_py_procs"`
@@ -598,6 +601,7 @@ func (m *pytestMaps) Close() error {
 		m.GtConfig,
 		m.GtConns,
 		m.GtEvents,
+		m.GtLateConns,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,

@@ -80,7 +80,7 @@ type tlstestGtConn struct {
 	Gap         uint8
 	PosOk       uint8
 	RespGivenUp uint8
-	Pad3        uint8
+	ReqLate     uint8
 	Sk          uint64
 	Carry       [96]uint8
 	RespStatus  uint16
@@ -487,7 +487,8 @@ const (
 	tlstestGtStatGT_STAT_STALE_CONN       tlstestGtStat = 56
 	tlstestGtStatGT_STAT_STOOD_IN         tlstestGtStat = 57
 	tlstestGtStatGT_STAT_RESPONSE_SHED    tlstestGtStat = 58
-	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 59
+	tlstestGtStatGT_STAT_REQUEST_LATE     tlstestGtStat = 59
+	tlstestGtStatGT_STAT_MAX              tlstestGtStat = 60
 )
 
 type tlstestGtTarget struct {
@@ -608,6 +609,7 @@ const (
 	tlstestMapGtGenai             = "gt_genai"
 	tlstestMapGtGenaiZero         = "gt_genai_zero"
 	tlstestMapGtIos               = "gt_ios"
+	tlstestMapGtLateConns         = "gt_late_conns"
 	tlstestMapGtProf              = "gt_prof"
 	tlstestMapGtPyLinks           = "gt_py_links"
 	tlstestMapGtPyProcs           = "gt_py_procs"
@@ -747,6 +749,7 @@ type tlstestMapSpecs struct {
 	GtGenai       *ebpf.MapSpec `ebpf:"gt_genai"`
 	GtGenaiZero   *ebpf.MapSpec `ebpf:"gt_genai_zero"`
 	GtIos         *ebpf.MapSpec `ebpf:"gt_ios"`
+	GtLateConns   *ebpf.MapSpec `ebpf:"gt_late_conns"`
 	GtProf        *ebpf.MapSpec `ebpf:"gt_prof"`
 	GtPyLinks     *ebpf.MapSpec `ebpf:"gt_py_links"`
 	GtPyProcs     *ebpf.MapSpec `ebpf:"gt_py_procs"`
@@ -816,6 +819,7 @@ type tlstestMaps struct {
 	GtGenai       *ebpf.Map `ebpf:"gt_genai"`
 	GtGenaiZero   *ebpf.Map `ebpf:"gt_genai_zero"`
 	GtIos         *ebpf.Map `ebpf:"gt_ios"`
+	GtLateConns   *ebpf.Map `ebpf:"gt_late_conns"`
 	GtProf        *ebpf.Map `ebpf:"gt_prof"`
 	GtPyLinks     *ebpf.Map `ebpf:"gt_py_links"`
 	GtPyProcs     *ebpf.Map `ebpf:"gt_py_procs"`
@@ -847,6 +851,7 @@ func (m *tlstestMaps) Close() error {
 		m.GtGenai,
 		m.GtGenaiZero,
 		m.GtIos,
+		m.GtLateConns,
 		m.GtProf,
 		m.GtPyLinks,
 		m.GtPyProcs,
