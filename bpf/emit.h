@@ -43,9 +43,12 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 		c->req.body_len = d->body_len;
 		c->req_late = 1;
 		c->gap |= GT_GAP_LOST;
-		if (c->side == GT_SIDE_SERVER && !c->tls) {
-			struct gt_conn_key k = {.tgid = io->tgid, .fd = io->fd};
-			bpf_map_update_elem(&gt_late_conns, &c->conn_id, &k, BPF_ANY);
+		struct gt_scratch *sc = (c->side == GT_SIDE_SERVER && !c->tls) ? gt_get_scratch() : 0;
+		if (sc) {
+			sc->late_id = c->conn_id;
+			sc->late_key.tgid = io->tgid;
+			sc->late_key.fd = io->fd;
+			bpf_map_update_elem(&gt_late_conns, &sc->late_id, &sc->late_key, BPF_ANY);
 		}
 		return;
 	}
@@ -85,8 +88,11 @@ static __always_inline int gt_emit_late_request(struct gt_conn *c)
 	gt_submit(e);
 	c->emitted_ring |= 1ULL << (c->req.seq & 63);
 	gt_stat_add(GT_STAT_REQUEST_LATE, 1);
-	if (c->side == GT_SIDE_SERVER)
-		bpf_map_delete_elem(&gt_late_conns, &c->conn_id);
+	struct gt_scratch *sc = c->side == GT_SIDE_SERVER ? gt_get_scratch() : 0;
+	if (sc) {
+		sc->late_id = c->conn_id; // the key from map memory (struct gt_scratch)
+		bpf_map_delete_elem(&gt_late_conns, &sc->late_id);
+	}
 	return 1;
 }
 
@@ -101,8 +107,7 @@ __noinline int gt_late_for_call(__u64 conn_id, __u64 seq)
 	struct gt_conn_key *k = bpf_map_lookup_elem(&gt_late_conns, &conn_id);
 	if (!k)
 		return 0;
-	struct gt_conn_key key = *k;
-	struct gt_conn *pc = bpf_map_lookup_elem(&gt_conns, &key);
+	struct gt_conn *pc = bpf_map_lookup_elem(&gt_conns, k);
 	if (!pc || pc->conn_id != conn_id || !pc->req_late || pc->req.seq != seq)
 		return 0;
 	return gt_emit_late_request(pc);

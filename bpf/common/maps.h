@@ -167,6 +167,12 @@ struct gt_scratch {
 	__u64 pre_id;
 	__u64 pre_ubuf;
 	struct gt_conn conn; // a zeroed template for new connections
+	// gt_late_conns' key and value (bpf/emit.h), here and not on the
+	// stack: the syscall programs' deepest chain has no room left on 6.1,
+	// and a connection's fields are plain memory to 6.1's verifier inside
+	// a global function, where no map key may point.
+	__u64 late_id;
+	struct gt_conn_key late_key;
 };
 
 struct {

@@ -700,6 +700,8 @@ type bpfGtScratch struct {
 	PreId     uint64
 	PreUbuf   uint64
 	Conn      bpfGtConn
+	LateId    uint64
+	LateKey   bpfGtConnKey
 }
 
 type bpfGtSide uint32

@@ -511,6 +511,8 @@ type injtestGtScratch struct {
 	PreId     uint64
 	PreUbuf   uint64
 	Conn      injtestGtConn
+	LateId    uint64
+	LateKey   injtestGtConnKey
 }
 
 type injtestGtStartup struct {

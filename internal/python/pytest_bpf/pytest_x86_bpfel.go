@@ -379,6 +379,8 @@ type pytestGtScratch struct {
 	PreId     uint64
 	PreUbuf   uint64
 	Conn      pytestGtConn
+	LateId    uint64
+	LateKey   pytestGtConnKey
 }
 
 type pytestGtTarget struct {

@@ -446,6 +446,8 @@ type tlstestGtScratch struct {
 	PreId     uint64
 	PreUbuf   uint64
 	Conn      tlstestGtConn
+	LateId    uint64
+	LateKey   tlstestGtConnKey
 }
 
 type tlstestGtStartup struct {
