@@ -229,7 +229,11 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}
 	env = append(env, o.env...)
 	g.proc = startProc(t, t, "gymtrace", argv, procOpts{Env: env})
-	g.WaitOutput(t, true, "gymtrace: attached", 60*time.Second)
+	attachStart := time.Now()
+	g.WaitOutput(t, true, "gymtrace: attached", testproc.AttachTimeout)
+	if d := time.Since(attachStart); d > 10*time.Second {
+		t.Logf("gymtrace took %v to attach", d.Round(time.Second))
+	}
 	return g
 }
 

@@ -120,6 +120,13 @@ func (p *Proc) Stop(grace time.Duration) {
 	<-p.Done
 }
 
+// AttachTimeout bounds how long a test waits for gymtrace to attach: a bound
+// on a failure (a tracer that never attaches), not a speed asserted. Beside
+// the causality suite's busy loops, syscall storm and a kernel-matrix guest
+// on two CPUs, gymtrace took 60 s to load and verify its programs (ci30);
+// callers log the time when it is long.
+const AttachTimeout = 5 * time.Minute
+
 // WaitOutput waits until the process's stdout (or stderr) contains substr and
 // returns the line holding it. It fails the test if the process exits first.
 func (p *Proc) WaitOutput(t testing.TB, stderr bool, substr string, timeout time.Duration) string {
