@@ -35,8 +35,9 @@ static __always_inline void gt_emit_request(struct gt_conn *c, struct gt_dir *d,
 	struct http_event *e = bpf_ringbuf_reserve(&gt_events, sizeof(*e), 0);
 	if (!e) {
 		gt_stat_add(GT_STAT_RINGBUF_FULL, 1);
-		// Kept whole in req, to be written at the response's first bytes
-		// (gt_emit_late_request) if the buffer has room by then.
+		// Kept whole in req, to be written later (gt_emit_late_request)
+		// if the buffer has room by then; a server's is found again by
+		// its handler's calls through gt_late_conns.
 		c->req.flags |= gt_tls_ev_flag(c);
 		c->req.gap = c->gap | GT_GAP_LATE;
 		c->req.end_ns = io->now;

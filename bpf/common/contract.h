@@ -144,9 +144,10 @@ enum gt_gap {
 	// previous request record.
 	GT_GAP_LOST = 1 << 1,
 	// This request's record is late: the buffer had no room when the
-	// request ended, and it was written at its response's first bytes
-	// (gt_emit_late_request, bpf/emit.h). Records its handler's calls made
-	// meanwhile came before it. Its times are the request's own.
+	// request ended, and it was written later, at its handler's first call
+	// or its response's first bytes (gt_emit_late_request, bpf/emit.h).
+	// Records of calls its handler made before that came before it. Its
+	// times are the request's own.
 	GT_GAP_LATE = 1 << 2,
 };
 
@@ -196,9 +197,10 @@ enum gt_stat {
 	// request records. Each is a record lost, counted in
 	// GT_STAT_RINGBUF_FULL as well.
 	GT_STAT_RESPONSE_SHED = 58,
-	// Request records written late, at their response's first bytes, after
-	// the buffer had no room for them when the request ended (GT_GAP_LATE):
-	// each of these was counted in GT_STAT_RINGBUF_FULL then, and arrived.
+	// Request records written late (at their handler's first call or their
+	// response's first bytes) after the buffer had no room for them when
+	// the request ended (GT_GAP_LATE): each of these was counted in
+	// GT_STAT_RINGBUF_FULL then, and arrived.
 	GT_STAT_REQUEST_LATE = 59,
 	GT_STAT_MAX = 60,
 };

@@ -137,10 +137,11 @@ func kernelCounters(st []uint64) map[string]uint64 {
 		// full: its last eighth is kept for requests (a lost response
 		// ends its span early; a lost request loses the span).
 		"response_shed": st[loader.StatResponseShed],
-		// Request records written at their response's first bytes after
-		// the ring buffer had no room when the request ended (counted in
-		// the reservation failures then): the span is kept, and the
-		// parents of calls its handler made before that are not.
+		// Request records written late, at their handler's first call or
+		// their response's first bytes, after the ring buffer had no room
+		// when the request ended (counted in the reservation failures
+		// then): the span is kept, and the parents of calls whose records
+		// came before it are not.
 		"request_late": st[loader.StatRequestLate],
 	}
 }

@@ -139,9 +139,10 @@ type Exchange struct {
 	// Gap: the kernel lost this side's framing on the connection at some
 	// point before this request, so Seq may not match the peer's count.
 	// Lost: a record of this connection was lost just before this one.
-	// Late: this request's record came late, at its response (the ring
-	// buffer had no room when the request ended; loader.GapLate): records
-	// of calls its handler made before that came first. Lost is set too.
+	// Late: this request's record came late, at its handler's first call
+	// or its response (the ring buffer had no room when the request ended;
+	// loader.GapLate): records of calls made before that came first. Lost
+	// is set too.
 	Gap, Lost, Late bool
 
 	// Err is nil when the response completed, else why it did not (ErrConnReset,

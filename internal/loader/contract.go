@@ -158,8 +158,9 @@ const (
 	// request record (ring buffer full).
 	GapLost = uint8(bpfGtGapGT_GAP_LOST)
 	// GapLate: this request's record is late: the ring buffer had no room
-	// when the request ended, and it was written at its response's first
-	// bytes. Records of calls its handler made meanwhile came before it.
+	// when the request ended, and it was written later, at its handler's
+	// first call or its response's first bytes. Records of calls its
+	// handler made before that came before it.
 	GapLate = uint8(bpfGtGapGT_GAP_LATE)
 )
 
@@ -196,7 +197,7 @@ const (
 	StatStaleConn       = uint32(bpfGtStatGT_STAT_STALE_CONN)    // entries whose fd names another socket now
 	StatStoodIn         = uint32(bpfGtStatGT_STAT_STOOD_IN)      // syscall events an understudy handled: its program was skipped
 	StatResponseShed    = uint32(bpfGtStatGT_STAT_RESPONSE_SHED) // response records not written: the buffer's last eighth is for requests
-	StatRequestLate     = uint32(bpfGtStatGT_STAT_REQUEST_LATE)  // request records written late, at their response, after a failed reservation
+	StatRequestLate     = uint32(bpfGtStatGT_STAT_REQUEST_LATE)  // request records written late (at a call or their response) after a failed reservation
 	StatMax             = uint32(bpfGtStatGT_STAT_MAX)
 )
 

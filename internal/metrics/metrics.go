@@ -247,7 +247,7 @@ var (
 	descDiscarded = prometheus.NewDesc("gymtrace_events_discarded_total",
 		"Kernel HTTP events dropped by the span-group gate before any ring-buffer reservation, per span group.", []string{"group"}, nil)
 	descRingbuf = prometheus.NewDesc("gymtrace_ringbuf_reserve_failures_total",
-		"Records lost for room in the ring buffer: reservations that failed with the buffer full, and response records not written with it seven eighths full (its last eighth kept for requests; also gymtrace_kernel_events_total{reason=\"response_shed\"}). A request record that failed here may still arrive, late, at its response: gymtrace_kernel_events_total{reason=\"request_late\"}.", nil, nil)
+		"Records lost for room in the ring buffer: reservations that failed with the buffer full, and response records not written with it seven eighths full (its last eighth kept for requests; also gymtrace_kernel_events_total{reason=\"response_shed\"}). A request record that failed here may still arrive late (at its handler's first call or its response): gymtrace_kernel_events_total{reason=\"request_late\"}.", nil, nil)
 	descRecords = prometheus.NewDesc("gymtrace_ringbuf_records_read_total",
 		"Records read from the kernel's ring buffer (HTTP messages and process events).", nil, nil)
 	descKernel = prometheus.NewDesc("gymtrace_kernel_events_total",

@@ -261,8 +261,8 @@ func (b *Builder) emit(n *node, name string, kind trace.SpanKind, g groups.Group
 		attrs = append(attrs, attribute.Bool("gymtrace.connection.gap", true))
 	}
 	if x.Late {
-		// Its request's record came at its response, after the records
-		// of the calls its handler made before (left unparented).
+		// Its request's record came late, after the records of any call
+		// its handler made before that (left unparented).
 		attrs = append(attrs, attribute.String("gymtrace.record.late", "request"))
 	}
 	if debugRecords {

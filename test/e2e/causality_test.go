@@ -374,8 +374,8 @@ func checkCausality(t *testing.T, c causalityCase, sc causalityScore, m map[stri
 	if c.ringbuf == "" && failed != 0 {
 		t.Errorf("%v records lost in the kernel (ring buffer full or crowded): the score is not about causality", failed)
 	}
-	// Lost for good: less the request records written late, at their
-	// response (they arrived: bpf/emit.h gt_emit_late_request).
+	// Lost for good: less the request records written late (they
+	// arrived: bpf/emit.h gt_emit_late_request).
 	late := m[`gymtrace_kernel_events_total{reason="request_late"}`]
 	lost := failed - late
 	if c.ringbuf != "" {

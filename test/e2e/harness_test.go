@@ -229,11 +229,7 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}
 	env = append(env, o.env...)
 	g.proc = startProc(t, t, "gymtrace", argv, procOpts{Env: env})
-	attachStart := time.Now()
-	g.WaitOutput(t, true, "gymtrace: attached", testproc.AttachTimeout)
-	if d := time.Since(attachStart); d > 10*time.Second {
-		t.Logf("gymtrace took %v to attach", d.Round(time.Second))
-	}
+	g.WaitAttached(t)
 	return g
 }
 

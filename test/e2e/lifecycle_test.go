@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 // End-to-end tests of the spans gymtrace builds from process lifecycle events:
@@ -96,11 +94,7 @@ func lcGymtrace(t *testing.T, groups, out string, pids ...string) *gymtrace {
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS=",
 		"GYMTRACE_PID=", "GYMTRACE_DISCOVER="}
 	g.proc = startProc(t, t, "gymtrace", argv, procOpts{Env: env})
-	attachStart := time.Now()
-	g.WaitOutput(t, true, "gymtrace: attached", testproc.AttachTimeout)
-	if d := time.Since(attachStart); d > 10*time.Second {
-		t.Logf("gymtrace took %v to attach", d.Round(time.Second))
-	}
+	g.WaitAttached(t)
 	return g
 }
 

@@ -316,11 +316,7 @@ func startGymtrace(t testing.TB, o gtOpts) *gymtrace {
 	argv = append(argv, o.extra...)
 	env := append([]string{"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", "GYMTRACE_SPAN_GROUPS="}, o.env...)
 	g.proc = startProc(t, "gymtrace", argv, env...)
-	attachStart := time.Now()
-	g.WaitOutput(t, true, "gymtrace: attached", testproc.AttachTimeout)
-	if d := time.Since(attachStart); d > 10*time.Second {
-		t.Logf("gymtrace took %v to attach", d.Round(time.Second))
-	}
+	g.WaitAttached(t)
 	return g
 }
 

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/gymtrace/gymtrace/test/testproc"
 )
 
 // threadCaps reads one capability set (CapEff, CapPrm, CapBnd, ...) of every
@@ -218,11 +216,7 @@ func TestUprobesAfterDrop(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	time.Sleep(300 * time.Millisecond) // let it load libssl
 	g := startGymtrace(t, gtOpts{groups: "per_rollout", extra: []string{"--pid", fmt.Sprintf("%d=agent", cmd.Process.Pid)}})
-	attachStart := time.Now()
-	g.WaitOutput(t, true, "gymtrace: attached", testproc.AttachTimeout)
-	if d := time.Since(attachStart); d > 10*time.Second {
-		t.Logf("gymtrace took %v to attach", d.Round(time.Second))
-	}
+	g.WaitAttached(t)
 	time.Sleep(500 * time.Millisecond)
 	out := g.Stderr.String()
 	if !strings.Contains(out, "capabilities dropped after attach") {

@@ -124,8 +124,21 @@ func (p *Proc) Stop(grace time.Duration) {
 // on a failure (a tracer that never attaches), not a speed asserted. Beside
 // the causality suite's busy loops, syscall storm and a kernel-matrix guest
 // on two CPUs, gymtrace took 60 s to load and verify its programs (ci30);
-// callers log the time when it is long.
+// WaitAttached logs the time when it is long.
 const AttachTimeout = 5 * time.Minute
+
+// WaitAttached waits, up to AttachTimeout, for a gymtrace process to print
+// "gymtrace: attached" on stderr, logs how long it took when that was over
+// 10 s, and returns the line.
+func (p *Proc) WaitAttached(t testing.TB) string {
+	t.Helper()
+	t0 := time.Now()
+	line := p.WaitOutput(t, true, "gymtrace: attached", AttachTimeout)
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Logf("gymtrace took %v to attach", d.Round(time.Second))
+	}
+	return line
+}
 
 // WaitOutput waits until the process's stdout (or stderr) contains substr and
 // returns the line holding it. It fails the test if the process exits first.
