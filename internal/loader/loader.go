@@ -60,6 +60,7 @@ type Tracer struct {
 	// lagging (GYMTRACE_TEST_LAGGING_READER=1, tests only): the reader
 	// falls behind on purpose until the ring overflows (see lag).
 	lagging bool
+	lagPer  []uint64 // refused's per-CPU buffer (the reader's goroutine alone)
 	// drained (tests only) is called by Read each time a drain has left
 	// the ring empty, after delivering what it read: a barrier that does
 	// not depend on how long a busy machine keeps the reader off the CPU.

@@ -241,6 +241,30 @@ func TestLaggingReader(t *testing.T) {
 	}
 }
 
+// The lagging reader falls behind again only after lagEvery records and
+// while the ring has refused under lagShare of what it was offered: the
+// share of records lost is the test's condition, not how long a busy
+// machine keeps the reader off the CPU.
+func TestLagDue(t *testing.T) {
+	for _, c := range []struct {
+		sinceLoss          int
+		refused, delivered uint64
+		want               bool
+	}{
+		{lagEvery, 0, 0, true},            // nothing lost yet: lag
+		{lagEvery - 1, 0, 5000, false},    // too soon after an overflow
+		{lagEvery, 40, 960, true},         // 4 % refused
+		{lagEvery, 50, 950, false},        // 5 %: read on
+		{lagEvery, 400, 600, false},       // a long burst: read on
+		{10 * lagEvery, 400, 9600, true},  // back under 5 %
+		{10 * lagEvery, 400, 7600, false}, // still over
+	} {
+		if got := lagDue(c.sinceLoss, c.refused, c.delivered); got != c.want {
+			t.Errorf("lagDue(%d, refused %d, delivered %d) = %v, want %v", c.sinceLoss, c.refused, c.delivered, got, c.want)
+		}
+	}
+}
+
 // A filling ring buffer keeps its last eighth for request records: with
 // the reader lagging, response records stop at seven eighths pending
 // (counted shed) while request records go on until the ring is full. A lost

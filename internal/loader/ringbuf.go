@@ -66,15 +66,18 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 		_, err = readEnd(err)
 		return err
 	}
-	// A lagging reader (tests of loss) reads lagEvery records after each
-	// overflow, then falls behind again.
+	// A lagging reader (tests of loss) reads at least lagEvery records after
+	// each overflow, then falls behind again while the ring's refusals are
+	// under their share (lagDue).
 	sinceLoss := lagEvery
+	var delivered, refused0 uint64
 	if t.lagging {
+		refused0 = t.refused()
 		read := fn
-		fn = func(raw []byte) { sinceLoss++; read(raw) }
+		fn = func(raw []byte) { sinceLoss++; delivered++; read(raw) }
 	}
 	for {
-		if t.lagging && sinceLoss >= lagEvery {
+		if t.lagging && lagDue(sinceLoss, t.refused()-refused0, delivered) {
 			lost, done := t.lag(ctx)
 			if done {
 				return last()
@@ -118,12 +121,32 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 
 // A lagging reader looks at the ring and the kernel's loss counter every
 // lagPoll, calls the traffic paused after lagQuiet polls with the ring
-// unchanged, and reads lagEvery records between overflows.
+// unchanged, and reads lagEvery records between overflows, and on until the
+// ring has refused at most lagShare of the records so far.
 const (
 	lagPoll  = 2 * time.Millisecond
 	lagQuiet = 5
 	lagEvery = 1024
+	lagShare = 0.05
 )
+
+// lagDue says whether a lagging reader falls behind again: it has read
+// lagEvery records since the last overflow, and the ring has refused less
+// than lagShare of the records it was offered since Read began (refused
+// ones, and delivered ones, written late or not). Loss is a test
+// condition (issue 37: a ring that loses 1 to 10 % of records): a reader
+// that lagged after every lagEvery records lost as much as the machine let
+// it (how long the reader stays off the CPU after an overflow), 2 % on an
+// idle machine and 41 % of one case beside a kernel-matrix guest (CI of
+// f7f0b7d). Holding the share near lagShare makes the condition the same
+// on a quiet and a busy machine; a reader that cannot keep up even when it
+// does not lag loses more, and the test says so.
+func lagDue(sinceLoss int, refused, delivered uint64) bool {
+	if sinceLoss < lagEvery {
+		return false
+	}
+	return refused == 0 || float64(refused) < lagShare*float64(refused+delivered)
+}
 
 // lag holds the next drain back, as a reader that has fallen behind, until
 // the kernel counts a record it could not reserve (the ring overflowed:
@@ -137,15 +160,7 @@ const (
 // the ring overflow wherever the traffic outruns it, in short bursts
 // (records arriving in the poll after the overflow) spread over the run.
 func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
-	// One counter, not all of Stats: this runs every lagPoll.
-	var per []uint64
-	failures := func() (n uint64) {
-		t.ops.Do(func() (err error) {
-			n, err = perCPUSum(t.objs.GtStats, StatRingbufFull, &per)
-			return err
-		})
-		return n
-	}
+	failures := t.refused
 	from := failures()
 	tick := time.NewTicker(lagPoll)
 	defer tick.Stop()
@@ -170,6 +185,17 @@ func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
 			}
 		}
 	}
+}
+
+// refused is the kernel's count of records the ring refused (full, or a
+// response shed while crowded): one counter, not all of Stats, as the
+// lagging reader reads it every lagPoll.
+func (t *Tracer) refused() (n uint64) {
+	t.ops.Do(func() (err error) {
+		n, err = perCPUSum(t.objs.GtStats, StatRingbufFull, &t.lagPer)
+		return err
+	})
+	return n
 }
 
 // readEnd says whether a drain's error ends Read, and with what.
