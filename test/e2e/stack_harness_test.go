@@ -40,13 +40,24 @@ type stack struct {
 	ready stackReady
 }
 
+// stackStartTimeout bounds launch.py's ready line: its servers' own bound
+// (--startup-timeout, 5 min), and the warmup.
+const stackStartTimeout = 7 * time.Minute
+
 // startStack runs launch.py --serve --warmup 2: the servers are up and their
 // pooled keep-alive connections exist before any gymtrace attaches.
 func startStack(t testing.TB, own owner, args ...string) *stack {
 	t.Helper()
 	argv := append([]string{python, filepath.Join(repoRoot, "test", "stack", "launch.py"), "--serve", "--warmup", "2"}, args...)
 	s := &stack{proc: startProc(t, own, "stack", argv, procOpts{Dir: repoRoot})}
-	line := s.FirstLine(t, 120*time.Second)
+	// A bound on failure (launch.py fails a server that exits at once, and
+	// one that does not answer in --startup-timeout, 5 min): beside the
+	// kernel matrix's guests a server took over 30 s to answer.
+	began := time.Now()
+	line := s.FirstLine(t, stackStartTimeout)
+	if took := time.Since(began); took > 30*time.Second {
+		t.Logf("the stack took %.1fs to start (a busy machine?)", took.Seconds())
+	}
 	if err := json.Unmarshal([]byte(line), &s.ready); err != nil {
 		t.Fatalf("launch.py's first line is not JSON: %v: %s", err, line)
 	}

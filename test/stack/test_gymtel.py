@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import unittest
 
-from test_stack import HERE, LAUNCH, PY, http  # also puts HERE on sys.path
+from test_stack import HANG, HERE, LAUNCH, PY, http  # also puts HERE on sys.path
 
 import truthcheck
 
@@ -87,7 +87,7 @@ class GymTelemetryTest(unittest.TestCase):
 
         def stop():
             r.send_signal(signal.SIGTERM)
-            out, err = r.communicate(timeout=60)
+            out, err = r.communicate(timeout=HANG)
             return [json.loads(x) for x in out.splitlines() if x.strip()]
         if ready.get("event") != "ready":
             stop()
@@ -96,7 +96,7 @@ class GymTelemetryTest(unittest.TestCase):
 
     def collect(self, ready, n, *extra):
         c = subprocess.run(ready["collector_argv"] + ["--rollouts", str(n), "--concurrency", "2", *extra],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=HANG)
         self.assertEqual(c.returncode, 0, c.stderr[-2000:])
         return json.loads(c.stdout.splitlines()[-1])
 
@@ -105,7 +105,7 @@ class GymTelemetryTest(unittest.TestCase):
         truth = os.path.join(inside, "truth.jsonl")
         r = subprocess.run([PY, LAUNCH, *args, "--gym-telemetry", "file", "--gym-telemetry-out", os.path.join(inside, "tel"),
                             "--gym-span-groups", "per_rollout", "--truth", truth, "--rollouts", "4", "--concurrency", "2"],
-                           capture_output=True, text=True, timeout=180)
+                           capture_output=True, text=True, timeout=HANG)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
         ev = {json.loads(x)["event"]: json.loads(x) for x in r.stdout.splitlines()}
         self.assertEqual(ev["summary"]["ok"], 4)
@@ -212,7 +212,7 @@ class GymTelemetryTest(unittest.TestCase):
     def test_http_client_off_injects_nothing(self):
         args, d, inside = self.sid_args("server_only")
         r = subprocess.run([PY, LAUNCH, *args, "--gym-telemetry", "file", "--gym-telemetry-out", os.path.join(inside, "tel"),
-                            "--gym-span-groups", "server", "--rollouts", "2"], capture_output=True, text=True, timeout=180)
+                            "--gym-span-groups", "server", "--rollouts", "2"], capture_output=True, text=True, timeout=HANG)
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
         spans = [s for f in os.listdir(os.path.join(d, "tel")) if f.endswith(".spans.jsonl")
                  for s in read_jsonl(os.path.join(d, "tel", f))]
