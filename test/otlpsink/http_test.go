@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,6 +75,8 @@ func TestHTTPExportersWriteSpansAndPoints(t *testing.T) {
 	}
 }
 
+var rawSpanIDs atomic.Uint32
+
 func rawTraces(n int) []byte {
 	td := ptrace.NewTraces()
 	ss := td.ResourceSpans().AppendEmpty().ScopeSpans().AppendEmpty()
@@ -82,7 +85,10 @@ func rawTraces(n int) []byte {
 		sp.SetName("HTTP POST")
 		sp.SetKind(ptrace.SpanKindClient)
 		sp.SetTraceID(pcommon.TraceID{1, 2, 3})
-		sp.SetSpanID(pcommon.SpanID{byte(i + 1)})
+		// Ids of their own across calls: the sink writes a span sent again
+		// only once (TestResentSpansWrittenOnce).
+		id := rawSpanIDs.Add(1)
+		sp.SetSpanID(pcommon.SpanID{byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24)})
 	}
 	b, err := ptraceotlp.NewExportRequestFromTraces(td).MarshalProto()
 	if err != nil {

@@ -157,7 +157,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer, logger *slog.Logger)
 		s.Stop()
 		<-errc
 		st := s.Stats()
-		logger.Info("otlpsink stopped", "requests", st.Requests, "rejected", st.Rejected, "spans", st.Spans,
+		logger.Info("otlpsink stopped", "requests", st.Requests, "rejected", st.Rejected, "spans", st.Spans, "resent", st.Resent,
 			"metric_requests", st.MetricRequests, "metric_rejected", st.MetricRejected, "data_points", st.DataPoints)
 		return nil
 	case err := <-errc:
