@@ -77,7 +77,9 @@ func (t *Tracer) Read(ctx context.Context, fn func(raw []byte)) error {
 		fn = func(raw []byte) { sinceLoss++; delivered++; read(raw) }
 	}
 	for {
-		if t.lagging && lagDue(sinceLoss, t.refused()-refused0, delivered) {
+		// sinceLoss first: the kernel's counter is read only when the
+		// reader may lag again, not at every drain.
+		if t.lagging && sinceLoss >= lagEvery && lagDue(sinceLoss, t.refused()-refused0, delivered) {
 			lost, done := t.lag(ctx)
 			if done {
 				return last()
@@ -160,8 +162,7 @@ func lagDue(sinceLoss int, refused, delivered uint64) bool {
 // the ring overflow wherever the traffic outruns it, in short bursts
 // (records arriving in the poll after the overflow) spread over the run.
 func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
-	failures := t.refused
-	from := failures()
+	from := t.refused()
 	tick := time.NewTicker(lagPoll)
 	defer tick.Stop()
 	prev, still := -1, 0
@@ -175,7 +176,7 @@ func (t *Tracer) lag(ctx context.Context) (lost, done bool) {
 		switch {
 		case closed:
 			return false, true
-		case failures() > from:
+		case t.refused() > from:
 			return true, false
 		case n != prev:
 			prev, still = n, 0

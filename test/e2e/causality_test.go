@@ -82,26 +82,26 @@ var lossyWhole tally
 var lossBand = [2]float64{0.01, 0.10}
 
 type tally struct {
-	mu              sync.Mutex
-	whole, n, cases int
+	mu            sync.Mutex
+	whole, n, all int // all: the rollouts of every lossy case, pooled or not
 }
 
-func (t *tally) reset() { t.mu.Lock(); t.whole, t.n, t.cases = 0, 0, 0; t.mu.Unlock() }
+func (t *tally) reset() { t.mu.Lock(); t.whole, t.n, t.all = 0, 0, 0; t.mu.Unlock() }
 
 func (t *tally) add(whole, n int, pooled bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.cases += n
+	t.all += n
 	if pooled {
 		t.whole += whole
 		t.n += n
 	}
 }
 
-func (t *tally) get() (whole, n, cases int) {
+func (t *tally) get() (whole, n, all int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.whole, t.n, t.cases
+	return t.whole, t.n, t.all
 }
 
 type causalityCase struct {

@@ -214,7 +214,7 @@ func (s *sink) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptrace
 		s.spans.Add(int64(n))
 		return ptraceotlp.NewExportResponse(), nil
 	}
-	buf, _, err := encodeTraces(req.Traces())
+	buf, err := encodeTraces(req.Traces())
 	if err != nil {
 		return ptraceotlp.NewExportResponse(), status.Errorf(codes.Internal, "otlpsink: encoding spans: %v", err)
 	}
@@ -264,10 +264,9 @@ func (s *sink) fresh(buf []byte) (out []byte, n, again int) {
 
 // encodeTraces renders every span as one JSON line; the result is written with
 // a single Write so a reader never sees half a request.
-func encodeTraces(td ptrace.Traces) ([]byte, int, error) {
+func encodeTraces(td ptrace.Traces) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
-	n := 0
 	rss := td.ResourceSpans()
 	for i := 0; i < rss.Len(); i++ {
 		rs := rss.At(i)
@@ -279,13 +278,12 @@ func encodeTraces(td ptrace.Traces) ([]byte, int, error) {
 			spans := ss.Spans()
 			for k := 0; k < spans.Len(); k++ {
 				if err := enc.Encode(convertSpan(spans.At(k), res, scope)); err != nil {
-					return nil, 0, err
+					return nil, err
 				}
-				n++
 			}
 		}
 	}
-	return buf.Bytes(), n, nil
+	return buf.Bytes(), nil
 }
 
 func convertSpan(sp ptrace.Span, res map[string]any, scope string) Span {

@@ -215,8 +215,8 @@ func TestUprobesAfterDrop(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	time.Sleep(300 * time.Millisecond) // let it load libssl
+	// startGymtrace returns once gymtrace has attached.
 	g := startGymtrace(t, gtOpts{groups: "per_rollout", extra: []string{"--pid", fmt.Sprintf("%d=agent", cmd.Process.Pid)}})
-	g.WaitAttached(t)
 	time.Sleep(500 * time.Millisecond)
 	out := g.Stderr.String()
 	if !strings.Contains(out, "capabilities dropped after attach") {
