@@ -341,6 +341,11 @@ func (t *agent) expireLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
+			if step, err := t.clock.Follow(); err != nil {
+				t.log.Debug("reading the clocks", "err", err)
+			} else if step != 0 {
+				t.log.Info("wall clock stepped: span times follow it from now", "by", step)
+			}
 			t.submit(t.spans.Expire(t.clock.NowMono()))
 			if t.gym != nil {
 				t.gym.Tick(now)

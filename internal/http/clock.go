@@ -4,20 +4,24 @@ package http
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // Clock converts the kernel's bpf_ktime_get_ns() timestamps (CLOCK_MONOTONIC)
-// to wall-clock time. The offset between the two clocks is read once: NTP
-// slews both alike, and a stepped wall clock should not bend span durations.
-// Call Resync after a known clock step if absolute times must follow it.
+// to wall-clock time. NTP slews both clocks alike, so their offset moves
+// only when the wall clock is stepped (settimeofday, an NTP step at boot, a
+// VM resumed from a snapshot): Follow then takes the new one, so that span
+// times stay on the clock the traced programs (and Gym's own spans) read.
+// A span's start and end are converted together, when it is emitted, so a
+// step never bends its duration.
 type Clock struct {
-	offset int64 // CLOCK_REALTIME - CLOCK_MONOTONIC, ns
+	offset atomic.Int64 // CLOCK_REALTIME - CLOCK_MONOTONIC, ns
 	// bracket: the two monotonic reads around the realtime read the
 	// offset came from, ns apart; the offset is within half of it.
-	bracket int64
+	bracket atomic.Int64
 }
 
 // NewClock reads the offset of CLOCK_REALTIME from CLOCK_MONOTONIC (Resync).
@@ -31,7 +35,11 @@ func NewClock() (*Clock, error) {
 
 // NewClockWithOffset is a Clock with a fixed realtime-minus-monotonic offset,
 // for tests and replays.
-func NewClockWithOffset(offset time.Duration) *Clock { return &Clock{offset: int64(offset)} }
+func NewClockWithOffset(offset time.Duration) *Clock {
+	c := &Clock{}
+	c.offset.Store(int64(offset))
+	return c
+}
 
 // A thread switched out between two clock reads (a busy machine, a guest's
 // one vCPU, Go preempting the goroutine) widens that sample's bracket by its
@@ -56,11 +64,23 @@ func (c *Clock) Resync() error {
 }
 
 func (c *Clock) resyncFrom(read func() (clockSample, error)) error {
+	best, err := bestSample(read)
+	if err != nil {
+		return err
+	}
+	c.offset.Store(best.r - (best.m1+best.m2)/2)
+	c.bracket.Store(best.m2 - best.m1)
+	return nil
+}
+
+// bestSample reads up to resyncTries samples, stopping at one bracketed
+// within resyncGood, and returns the narrowest.
+func bestSample(read func() (clockSample, error)) (clockSample, error) {
 	best := clockSample{}
 	for i := 0; i < resyncTries; i++ {
 		s, err := read()
 		if err != nil {
-			return err
+			return clockSample{}, err
 		}
 		if i == 0 || s.m2-s.m1 < best.m2-best.m1 {
 			best = s
@@ -69,9 +89,40 @@ func (c *Clock) resyncFrom(read func() (clockSample, error)) error {
 			break
 		}
 	}
-	c.offset = best.r - (best.m1+best.m2)/2
-	c.bracket = best.m2 - best.m1
-	return nil
+	return best, nil
+}
+
+// stepMin is the least move of the offset Follow takes for a step: far
+// above a sample's error (a bracket within resyncGood, or a few µs on a busy
+// machine), far below a step anyone would see in a trace.
+const stepMin = time.Millisecond
+
+// Follow re-reads the offset and takes the new one when the wall clock was
+// stepped by stepMin or more since it was last read; it returns the step (0:
+// none). A sample whose bracket is too wide to tell a step from a thread
+// switched out is not used: the next call reads again. Call it now and then
+// (the agent does, every second); a span emitted between a step and the next
+// call has the old offset.
+func (c *Clock) Follow() (time.Duration, error) {
+	return c.followFrom(readClocks)
+}
+
+func (c *Clock) followFrom(read func() (clockSample, error)) (time.Duration, error) {
+	best, err := bestSample(read)
+	if err != nil {
+		return 0, err
+	}
+	if best.m2-best.m1 > int64(stepMin)/4 {
+		return 0, nil
+	}
+	off := best.r - (best.m1+best.m2)/2
+	step := off - c.offset.Load()
+	if step > -int64(stepMin) && step < int64(stepMin) {
+		return 0, nil
+	}
+	c.offset.Store(off)
+	c.bracket.Store(best.m2 - best.m1)
+	return time.Duration(step), nil
 }
 
 func readClocks() (clockSample, error) {
@@ -90,11 +141,11 @@ func readClocks() (clockSample, error) {
 
 // Uncertainty bounds the offset's error: half the kept sample's bracket.
 // Every span's wall-clock start and end share it (durations do not).
-func (c *Clock) Uncertainty() time.Duration { return time.Duration(c.bracket / 2) }
+func (c *Clock) Uncertainty() time.Duration { return time.Duration(c.bracket.Load() / 2) }
 
 // Wall converts a CLOCK_MONOTONIC timestamp in ns to wall-clock time.
 func (c *Clock) Wall(mono uint64) time.Time {
-	return time.Unix(0, int64(mono)+c.offset)
+	return time.Unix(0, int64(mono)+c.offset.Load())
 }
 
 // NowMono reads CLOCK_MONOTONIC now, in the kernel's units.
@@ -102,7 +153,7 @@ func (c *Clock) NowMono() uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		// CLOCK_MONOTONIC cannot fail on Linux; fall back to the offset clock.
-		return uint64(time.Now().UnixNano() - c.offset)
+		return uint64(time.Now().UnixNano() - c.offset.Load())
 	}
 	return uint64(ts.Nano())
 }

@@ -33,8 +33,8 @@ func TestResyncKeepsNarrowestBracket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.offset != off {
-		t.Errorf("offset %d ns off the true one, want 0 (the 1 µs sample's)", c.offset-off)
+	if c.offset.Load() != off {
+		t.Errorf("offset %d ns off the true one, want 0 (the 1 µs sample's)", c.offset.Load()-off)
 	}
 	if reads != 4 {
 		t.Errorf("%d samples read, want 4 (stop at the first within %v)", reads, resyncGood)
@@ -56,8 +56,8 @@ func TestResyncAllWide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if reads != resyncTries || c.offset != 7 {
-		t.Errorf("reads %d, offset %d; want %d and 7", reads, c.offset, resyncTries)
+	if reads != resyncTries || c.offset.Load() != 7 {
+		t.Errorf("reads %d, offset %d; want %d and 7", reads, c.offset.Load(), resyncTries)
 	}
 }
 
@@ -65,6 +65,39 @@ func TestResyncError(t *testing.T) {
 	c := &Clock{}
 	want := errors.New("no clock")
 	if err := c.resyncFrom(func() (clockSample, error) { return clockSample{}, want }); !errors.Is(err, want) {
+		t.Errorf("err %v, want %v", err, want)
+	}
+}
+
+// A stepped wall clock moves the offset by the step; a sample's error (a
+// wide bracket, a few µs of noise) does not.
+func TestFollowTakesSteps(t *testing.T) {
+	const off = int64(1_800_000_000 * time.Second)
+	ms, us := int64(time.Millisecond), int64(time.Microsecond)
+	c := NewClockWithOffset(time.Duration(off))
+	for _, tc := range []struct {
+		name       string
+		s          clockSample
+		step, want int64 // returned step, offset after
+	}{
+		{"noise", clockSample{m1: 10 * ms, r: 10*ms + 3*us + off, m2: 10*ms + 2*us}, 0, off},
+		{"just under a step", clockSample{m1: 20 * ms, r: 20*ms + ms - us + off, m2: 20 * ms}, 0, off},
+		{"stepped 30 ms ahead", clockSample{m1: 30 * ms, r: 60*ms + off, m2: 30 * ms}, 30 * ms, off + 30*ms},
+		{"too wide to tell", clockSample{m1: 40 * ms, r: 40*ms + off, m2: 40*ms + ms}, 0, off + 30*ms},
+		{"stepped back 5 s", clockSample{m1: 50 * ms, r: 50*ms + off + 30*ms - 5000*ms, m2: 50 * ms}, -5000 * ms, off + 30*ms - 5000*ms},
+	} {
+		s := tc.s
+		step, err := c.followFrom(func() (clockSample, error) { return s, nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(step) != tc.step || c.offset.Load() != tc.want {
+			t.Errorf("%s: step %v, offset %+d ns; want step %v, offset %+d ns", tc.name, step, c.offset.Load()-off,
+				time.Duration(tc.step), tc.want-off)
+		}
+	}
+	want := errors.New("no clock")
+	if _, err := c.followFrom(func() (clockSample, error) { return clockSample{}, want }); !errors.Is(err, want) {
 		t.Errorf("err %v, want %v", err, want)
 	}
 }

@@ -34,3 +34,17 @@ func appendDebug(attrs []attribute.KeyValue, x *http.Exchange) []attribute.KeyVa
 		attribute.Bool("gymtrace.debug.gap", x.Gap),
 	)
 }
+
+// appendSandboxDebug adds to a gym.sandbox.* span the CLI's pid, its kernel
+// start and end (CLOCK_MONOTONIC) and the inbound request the kernel bound
+// its fork to: a test places the span on its spawn by these, not by wall
+// time, which a stepped clock moves.
+func appendSandboxDebug(attrs []attribute.KeyValue, sb *sandbox, end uint64) []attribute.KeyValue {
+	return append(attrs,
+		attribute.Int64("gymtrace.debug.pid", int64(sb.pid)),
+		attribute.Int64("gymtrace.debug.start", int64(sb.start)),
+		attribute.Int64("gymtrace.debug.end", int64(end)),
+		attribute.Int64("gymtrace.debug.cause_conn", int64(sb.cause[0])),
+		attribute.Int64("gymtrace.debug.cause_seq", int64(sb.cause[1])),
+	)
+}

@@ -52,6 +52,8 @@ type execRecord struct {
 // sandbox is a provider CLI running now, its span decided at its start.
 type sandbox struct {
 	n          *node
+	pid        uint32    // the CLI's (initial PID namespace)
+	cause      [2]uint64 // the kernel's binding: inbound connection and request index
 	provider   uint8
 	verb       uint8
 	start      uint64
@@ -277,7 +279,8 @@ func (b *Builder) endSandbox(ev *loader.ProcEvent) {
 // context when the kernel gives one, else the innermost of one chain of the
 // server's in-flight requests), its innermost enabled span being the parent.
 func (b *Builder) newSandbox(ev *loader.ProcEvent, start uint64) *sandbox {
-	sb := &sandbox{provider: ev.Provider, verb: ev.Verb, start: start, proc: b.process(ev.Ppid), n: b.newNode()}
+	sb := &sandbox{pid: ev.Pid, cause: [2]uint64{ev.CauseConn, ev.CauseSeq}, provider: ev.Provider, verb: ev.Verb,
+		start: start, proc: b.process(ev.Ppid), n: b.newNode()}
 	probe := http.Exchange{PID: ev.Ppid, ReqStart: start, PyCtx: ev.PyCtx, PyRoot: ev.PyRoot,
 		CauseConn: ev.CauseConn, CauseSeq: ev.CauseSeq}
 	in := b.cause(&probe, &sb.unresolved)
@@ -321,6 +324,9 @@ func (b *Builder) finishSandbox(sb *sandbox, end uint64, exitCode int32, truncat
 	}
 	attrs := make([]attribute.KeyValue, 0, 6)
 	attrs = append(attrs, attribute.String("nemo.gym.sandbox.provider", provider))
+	if debugRecords {
+		attrs = appendSandboxDebug(attrs, sb, end)
+	}
 	var status codes.Code
 	var msg string
 	if !truncated {

@@ -233,13 +233,8 @@ func TestCausalityScorer(t *testing.T) {
 		// Two spawns at the same moment in one process, one per rollout: time
 		// cannot tell their spans apart, so each span may hang under either
 		// request, but not both under one.
-		w := newScorerWorld()
+		w, runs, t0 := concurrentSpawnWorld()
 		ms := int64(time.Millisecond)
-		var runs []Span
-		for _, port := range []int{50000, 50001} {
-			runs = append(runs, w.spans[w.find(func(s Span) bool { return s.Name == "POST /run" && s.AttrInt("client.port") == port })])
-		}
-		t0 := int64(runs[1].Start) + 50*ms
 		for i, rid := range []string{"0-0", "1-0"} {
 			w.recs = append(w.recs, truthRec{Ev: "spawn", ID: "agent/s-" + rid, Cause: "agent/i-" + rid, Verb: "exec", PID: swAgent,
 				TStart: t0, TEnd: t0 + 20*ms, MonoStart: t0, MonoEnd: t0 + 20*ms})
@@ -253,6 +248,30 @@ func TestCausalityScorer(t *testing.T) {
 		w.spans[len(w.spans)-2].Parent, w.spans[len(w.spans)-2].TraceID = parent.SpanID, parent.TraceID
 		if s := scoreCausality(w.recs, w.spans, pids); s.SpawnCorrect != 1 || s.SpawnWrong != 1 {
 			t.Errorf("both spans under one request: score %+v, want 1 right, 1 wrong", s)
+		}
+	})
+
+	t.Run("sandbox_by_pid", func(t *testing.T) {
+		// The same two concurrent spawns, the spans carrying the CLI's pid and
+		// kernel times (GYMTRACE_DEBUG_RECORDS), and the wall clock stepped
+		// 30 ms after gymtrace read its offset: each span is judged on its own
+		// spawn, the wall times ignored, so a swap is seen.
+		w, runs, t0 := concurrentSpawnWorld()
+		ms := int64(time.Millisecond)
+		step := 30 * ms
+		for i, rid := range []string{"0-0", "1-0"} {
+			w.recs = append(w.recs, truthRec{Ev: "spawn", ID: "agent/s-" + rid, Cause: "agent/i-" + rid, Verb: "exec", PID: swAgent,
+				ChildPID: 7000 + i, TStart: t0 + step, TEnd: t0 + step + 20*ms, MonoStart: t0, MonoEnd: t0 + 20*ms})
+			w.span("INTERNAL", "gym.sandbox.exec", runs[i].TraceID, runs[i].SpanID, swAgent, t0+ms/2, t0+20*ms-ms/2, map[string]any{
+				"gymtrace.debug.pid": float64(7000 + i), "gymtrace.debug.start": float64(t0 + ms/2), "gymtrace.debug.end": float64(t0 + 20*ms - ms/2)})
+		}
+		if s := scoreCausality(w.recs, w.spans, pids); s.SpawnCorrect != 2 || s.SandboxAmbiguous != 0 || s.SandboxStray != 0 {
+			t.Errorf("wall clock stepped: score %+v, want both right, by pid: none ambiguous, none stray", s)
+		}
+		a, b := &w.spans[len(w.spans)-2], &w.spans[len(w.spans)-1]
+		a.Parent, a.TraceID, b.Parent, b.TraceID = b.Parent, b.TraceID, a.Parent, a.TraceID
+		if s := scoreCausality(w.recs, w.spans, pids); s.SpawnCorrect != 0 || s.SpawnWrong != 2 {
+			t.Errorf("swapped concurrent spawns: score %+v, want both wrong (the pids tell them apart)", s)
 		}
 	})
 
@@ -353,4 +372,15 @@ func TestMatchByPortsKernelTime(t *testing.T) {
 func hasPair(m map[int]int, i, j int) bool {
 	v, ok := m[i]
 	return ok && v == j
+}
+
+// concurrentSpawnWorld: the scorer's world, its two rollouts' /run spans,
+// and a moment 50 ms into the later one, when both are in flight.
+func concurrentSpawnWorld() (*scorerWorld, []Span, int64) {
+	w := newScorerWorld()
+	var runs []Span
+	for _, port := range []int{50000, 50001} {
+		runs = append(runs, w.spans[w.find(func(s Span) bool { return s.Name == "POST /run" && s.AttrInt("client.port") == port })])
+	}
+	return w, runs, int64(runs[1].Start) + 50*int64(time.Millisecond)
 }

@@ -228,12 +228,12 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		sc.wrong("%v%s: CLIENT span's parent is %s, want %v or the gym.* span under it", r, bracket(debugAttrs(c)), got, want)
 	}
 
-	// Sandbox spans: no attribute names the child process, so a span can only
-	// be placed by process, verb and time: its candidates are the spawns whose
-	// interval (spawn call to wait) contains it. Concurrent spawns of one verb
-	// in one process give several candidates; such a span is right when its
-	// parent is the request of one of them (SandboxAmbiguous counts these, as
-	// a swap between them cannot be seen from outside).
+	// Sandbox spans: placed by process, verb and spawnContains: under
+	// GYMTRACE_DEBUG_RECORDS by the CLI's pid and kernel times, exactly; else
+	// by wall time, and concurrent spawns of one verb in one process then give
+	// several candidates; such a span is right when its parent is the request
+	// of one of them (SandboxAmbiguous counts these, as a swap between them
+	// cannot be seen from outside).
 	verbOf := map[string]string{"gym.sandbox.start": "start", "gym.sandbox.exec": "exec"}
 	spawnsByKey := map[[2]any][]int{}
 	for i, r := range spawns {
@@ -252,8 +252,7 @@ func scoreCausality(recs []truthRec, spans []Span, tracedPIDs []int) causalitySc
 		sc.SandboxSpans++
 		var cands []int
 		for _, i := range spawnsByKey[[2]any{sb.PID(), verb}] {
-			r := spawns[i]
-			if int64(sb.Start)+matchSlack >= r.TStart && int64(sb.End) <= r.TEnd+matchSlack {
+			if spawnContains(spawns[i], sb) {
 				cands = append(cands, i)
 			}
 		}

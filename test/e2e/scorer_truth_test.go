@@ -109,6 +109,22 @@ func readTruth(path string, sinceMono int64) ([]truthRec, error) {
 // truth.
 const matchSlack = int64(2 * time.Millisecond)
 
+// spawnContains: may sandbox span s be the CLI of spawn record r? With the
+// span's debug attributes (GYMTRACE_DEBUG_RECORDS) and the record's child pid,
+// only the spawn of that pid whose monotonic interval (spawn call to wait)
+// contains the CLI's exec and exit: the clock the kernel and the app share,
+// which a wall-clock step does not move (one moved every span of a CI case off
+// its own spawn and onto concurrent ones). Otherwise any spawn whose wall-time
+// interval contains the span.
+func spawnContains(r truthRec, s Span) bool {
+	pid, start, end := anyInt(s.Attributes["gymtrace.debug.pid"]), anyInt(s.Attributes["gymtrace.debug.start"]),
+		anyInt(s.Attributes["gymtrace.debug.end"])
+	if pid > 0 && start > 0 && r.ChildPID > 0 && r.MonoStart > 0 {
+		return pid == r.ChildPID && int64(start)+matchSlack >= r.MonoStart && int64(end) <= r.MonoEnd+matchSlack
+	}
+	return int64(s.Start)+matchSlack >= r.TStart && int64(s.End) <= r.TEnd+matchSlack
+}
+
 type joinKey struct {
 	pid, port, serverPort int
 }
