@@ -56,6 +56,12 @@ const (
 // clockSample is one bracketed read: monotonic, realtime, monotonic.
 type clockSample struct{ m1, r, m2 int64 }
 
+// offset pairs the realtime read with the midpoint of its bracket.
+func (s clockSample) offset() int64 { return s.r - (s.m1+s.m2)/2 }
+
+// bracket is how far apart the two monotonic reads were.
+func (s clockSample) bracket() int64 { return s.m2 - s.m1 }
+
 // Resync re-reads the offset: the realtime read is bracketed by two monotonic
 // reads and paired with their midpoint; of several such samples the one with
 // the narrowest bracket is kept (well under a microsecond on an idle machine).
@@ -68,9 +74,14 @@ func (c *Clock) resyncFrom(read func() (clockSample, error)) error {
 	if err != nil {
 		return err
 	}
-	c.offset.Store(best.r - (best.m1+best.m2)/2)
-	c.bracket.Store(best.m2 - best.m1)
+	c.take(best)
 	return nil
+}
+
+// take makes sample s the clock's offset.
+func (c *Clock) take(s clockSample) {
+	c.offset.Store(s.offset())
+	c.bracket.Store(s.bracket())
 }
 
 // bestSample reads up to resyncTries samples, stopping at one bracketed
@@ -82,10 +93,10 @@ func bestSample(read func() (clockSample, error)) (clockSample, error) {
 		if err != nil {
 			return clockSample{}, err
 		}
-		if i == 0 || s.m2-s.m1 < best.m2-best.m1 {
+		if i == 0 || s.bracket() < best.bracket() {
 			best = s
 		}
-		if best.m2-best.m1 <= int64(resyncGood) {
+		if best.bracket() <= int64(resyncGood) {
 			break
 		}
 	}
@@ -112,16 +123,14 @@ func (c *Clock) followFrom(read func() (clockSample, error)) (time.Duration, err
 	if err != nil {
 		return 0, err
 	}
-	if best.m2-best.m1 > int64(stepMin)/4 {
+	if best.bracket() > int64(stepMin)/4 {
 		return 0, nil
 	}
-	off := best.r - (best.m1+best.m2)/2
-	step := off - c.offset.Load()
+	step := best.offset() - c.offset.Load()
 	if step > -int64(stepMin) && step < int64(stepMin) {
 		return 0, nil
 	}
-	c.offset.Store(off)
-	c.bracket.Store(best.m2 - best.m1)
+	c.take(best)
 	return time.Duration(step), nil
 }
 

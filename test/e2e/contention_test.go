@@ -7,9 +7,8 @@ package e2e
 // normal priority and a process making small traced syscalls (1-byte
 // write(2) to /dev/null: every one runs gymtrace's sys_exit_write program,
 // which turns it away at the target test) as fast as it can, one writer
-// thread per core. Both are child
-// modes of this test binary; each reports what it did when the case asks,
-// so the case can prove the load ran.
+// thread per core. Both are child modes of this test binary; each reports
+// what it did when the case asks, so the case can prove the load ran.
 
 import (
 	"fmt"
